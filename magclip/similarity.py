@@ -1,0 +1,148 @@
+"""The one similarity used by every loss, evaluator, index and diagnostic in magclip.
+
+    s(q, d) = < q / ||q||^gamma_q , d / ||d||^gamma_d >
+
+Each side is scaled on its own (`prepare_queries`, `prepare_docs`) so that the score is a plain
+inner product of prepared vectors: any index (torch top-k, faiss IndexFlatIP) run on prepared
+vectors ranks exactly as training scored. The fixed modes are the corners of the learnable one.
+
+| mode      | gamma_q | gamma_d |
+|-----------|---------|---------|
+| cosine    | 1       | 1       |
+| dot       | 0       | 0       |
+| qnorm     | 1       | 0       |   keeps the document magnitude
+| dnorm     | 0       | 1       |   keeps the query magnitude
+| fixed     | given   | given   |   any point of [0,1]^2, not trained
+| learnable | init    | init    |   trained, projected back into [0,1] after each step
+
+Learnable exponents are stored directly (not through a sigmoid) and projected onto [0, 1] by
+`project_()` after every optimizer step (projected gradient descent), so a learnable scorer can
+sit exactly at a corner and equal the fixed mode there; a sigmoid never reaches 0 or 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+FIXED_MODES: dict[str, tuple[float, float]] = {
+    "cosine": (1.0, 1.0),
+    "dot": (0.0, 0.0),
+    "qnorm": (1.0, 0.0),
+    "dnorm": (0.0, 1.0),
+}
+MODES: tuple[str, ...] = (*FIXED_MODES, "fixed", "learnable")
+LEARNABLE_INIT = (0.5, 0.5)
+
+# Norms are clamped here before being raised to a power; small enough that features of norm 1e-4
+# keep their direction, large enough that 1 / eps stays finite in float32.
+NORM_EPS = 1e-12
+
+
+class Scorer(nn.Module):
+    """Scores queries against documents with per-side norm exponents (see module docstring).
+
+    Scores are computed in float32 with autocast disabled, so bf16/fp16 training cannot round
+    away the magnitude that the raw modes keep.
+    """
+
+    def __init__(self, mode: str = "cosine", gamma_q: float | None = None, gamma_d: float | None = None):
+        super().__init__()
+        self.mode = check_mode(mode)
+        gq, gd = _initial_gammas(self.mode, gamma_q, gamma_d)
+        if self.mode == "learnable":
+            self.gamma_q_param = nn.Parameter(torch.tensor(gq, dtype=torch.float32))
+            self.gamma_d_param = nn.Parameter(torch.tensor(gd, dtype=torch.float32))
+        else:
+            self.register_buffer("gamma_q_param", torch.tensor(gq, dtype=torch.float32), persistent=False)
+            self.register_buffer("gamma_d_param", torch.tensor(gd, dtype=torch.float32), persistent=False)
+
+    @classmethod
+    def build(cls, spec: "str | Scorer | Mapping[str, Any]") -> "Scorer":
+        """A Scorer from a mode name, a dict (`{"mode": ..., "gamma_q": ..., "gamma_d": ...}`) or itself."""
+        if isinstance(spec, Scorer):
+            return spec
+        if isinstance(spec, str):
+            return cls(spec)
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - {"mode", "gamma_q", "gamma_d"}
+            if unknown:
+                raise ValueError(f"unknown scorer key(s) {sorted(unknown)}; allowed: mode, gamma_q, gamma_d")
+            return cls(spec.get("mode", "cosine"), spec.get("gamma_q"), spec.get("gamma_d"))
+        raise TypeError(f"cannot build a Scorer from {type(spec).__name__}: {spec!r}")
+
+    @property
+    def learnable(self) -> bool:
+        return self.mode == "learnable"
+
+    @property
+    def gamma_q(self) -> float:
+        return float(self.gamma_q_param.detach().clamp(0.0, 1.0))
+
+    @property
+    def gamma_d(self) -> float:
+        return float(self.gamma_d_param.detach().clamp(0.0, 1.0))
+
+    def prepare_queries(self, x: torch.Tensor) -> torch.Tensor:
+        """Query vectors scaled by ||q||^-gamma_q, in float32."""
+        return _scale_by_norm(x, self.gamma_q_param)
+
+    def prepare_docs(self, x: torch.Tensor) -> torch.Tensor:
+        """Document vectors scaled by ||d||^-gamma_d, in float32."""
+        return _scale_by_norm(x, self.gamma_d_param)
+
+    def forward(self, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+        """[Nq, Nd] scores: inner products of prepared queries and prepared documents."""
+        with torch.autocast(device_type=queries.device.type, enabled=False):
+            return self.prepare_queries(queries) @ self.prepare_docs(docs).T
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clip learnable exponents back into [0, 1]; call after every optimizer step."""
+        if self.learnable:
+            self.gamma_q_param.clamp_(0.0, 1.0)
+            self.gamma_d_param.clamp_(0.0, 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Mode and current exponents: what a results file or checkpoint records."""
+        return {"mode": self.mode, "gamma_q": self.gamma_q, "gamma_d": self.gamma_d}
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, gamma_q={self.gamma_q:.4f}, gamma_d={self.gamma_d:.4f}"
+
+
+def check_mode(mode: str) -> str:
+    """The mode name, or a ValueError that lists the allowed ones."""
+    if mode not in MODES:
+        raise ValueError(f"unknown scoring mode {mode!r}; allowed: {', '.join(MODES)}")
+    return mode
+
+
+def _initial_gammas(mode: str, gamma_q: float | None, gamma_d: float | None) -> tuple[float, float]:
+    if mode in FIXED_MODES:
+        fixed = FIXED_MODES[mode]
+        for name, given, expected in (("gamma_q", gamma_q, fixed[0]), ("gamma_d", gamma_d, fixed[1])):
+            if given is not None and float(given) != expected:
+                raise ValueError(
+                    f"mode {mode!r} fixes {name}={expected}, got {name}={given}; "
+                    "use mode 'fixed' or 'learnable' for other exponents"
+                )
+        return fixed
+    if mode == "fixed" and (gamma_q is None or gamma_d is None):
+        raise ValueError("mode 'fixed' needs both gamma_q and gamma_d")
+    gq = LEARNABLE_INIT[0] if gamma_q is None else float(gamma_q)
+    gd = LEARNABLE_INIT[1] if gamma_d is None else float(gamma_d)
+    for name, value in (("gamma_q", gq), ("gamma_d", gd)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    return gq, gd
+
+
+def _scale_by_norm(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """x / ||x||^gamma in float32; exact x / ||x|| at gamma=1 and exact x at gamma=0."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x = x.float()
+        norm = x.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+        return x / norm.pow(gamma.clamp(0.0, 1.0).to(x.device))

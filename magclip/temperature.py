@@ -1,0 +1,103 @@
+"""The logit scale (inverse temperature) that multiplies every score before the softmax.
+
+Stored as a log-scale, like open_clip's `logit_scale`, and clipped after every optimizer step
+(open_clip clamps to [0, ln 100] in its train loop); `forward()` returns the scale itself.
+
+Defaults per mode (`default_logit_scale`), chosen so each mode starts and trains stably:
+
+| mode                           | init       | learnable | max  | why |
+|--------------------------------|------------|-----------|------|-----|
+| cosine                         | 1 / 0.07   | yes       | 100  | CLIP's own setting; scores lie in [-1, 1] |
+| dot, qnorm, dnorm, fixed,      | 1.0        | yes       | 100  | a raw side's magnitude already acts as a |
+| learnable                      |            |           |      | temperature; CLIP's 14.3 on top of norms of |
+|                                |            |           |      | several units saturates the softmax at step 0 |
+
+A fixed scale of 1 under-trains the raw modes when norms stay small, so the scale stays learnable
+by default. `init_from_norms` gives every mode the same *effective* starting temperature: the
+scale is set so that scale * E[||q||^(1-gq)] * E[||d||^(1-gd)] equals the cosine init.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from magclip.similarity import Scorer
+
+CLIP_INIT_SCALE = 1 / 0.07
+CLIP_MAX_SCALE = 100.0
+
+
+@dataclass(frozen=True)
+class ScaleDefaults:
+    init: float
+    learnable: bool
+    max: float | None
+
+
+def default_logit_scale(mode: str) -> ScaleDefaults:
+    """Per-mode defaults (see the module table)."""
+    if mode == "cosine":
+        return ScaleDefaults(init=CLIP_INIT_SCALE, learnable=True, max=CLIP_MAX_SCALE)
+    return ScaleDefaults(init=1.0, learnable=True, max=CLIP_MAX_SCALE)
+
+
+class LogitScale(nn.Module):
+    """exp(log_scale), learnable or not, clipped to [min, max] by `project_()` after each step."""
+
+    def __init__(self, init: float, learnable: bool = True, max_scale: float | None = CLIP_MAX_SCALE,
+                 min_scale: float = 1e-4):
+        super().__init__()
+        if init <= 0:
+            raise ValueError(f"logit scale init must be > 0, got {init}")
+        if max_scale is not None and init > max_scale:
+            raise ValueError(f"logit scale init {init} exceeds its max {max_scale}")
+        self.max_scale = max_scale
+        self.min_scale = min_scale
+        self.log_scale = nn.Parameter(torch.tensor(math.log(init), dtype=torch.float32),
+                                      requires_grad=learnable)
+
+    @classmethod
+    def for_mode(cls, mode: str, init: float | None = None, learnable: bool | None = None,
+                 max_scale: float | None = None) -> "LogitScale":
+        """A LogitScale with the mode's defaults, each overridable."""
+        d = default_logit_scale(mode)
+        return cls(init=d.init if init is None else init,
+                   learnable=d.learnable if learnable is None else learnable,
+                   max_scale=d.max if max_scale is None else max_scale)
+
+    def forward(self) -> torch.Tensor:
+        return self.log_scale.exp()
+
+    @property
+    def value(self) -> float:
+        return float(self.log_scale.detach().exp())
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clip into [min, max]; call after every optimizer step (open_clip does the same)."""
+        hi = math.log(self.max_scale) if self.max_scale is not None else None
+        self.log_scale.clamp_(min=math.log(self.min_scale), max=hi)
+
+    @torch.no_grad()
+    def set_(self, scale: float) -> None:
+        self.log_scale.fill_(math.log(scale))
+
+    def extra_repr(self) -> str:
+        return f"scale={self.value:.4f}, learnable={self.log_scale.requires_grad}, max={self.max_scale}"
+
+
+def scale_matching_cosine(scorer: Scorer, queries: torch.Tensor, docs: torch.Tensor,
+                          cosine_scale: float = CLIP_INIT_SCALE) -> float:
+    """The scale at which `scorer` starts at the same effective temperature as cosine at `cosine_scale`.
+
+    A prepared vector has norm ||x||^(1 - gamma); the typical score magnitude is the product of
+    the mean prepared norms, so dividing the cosine scale by it equalises the starting logits.
+    """
+    with torch.no_grad():
+        q = scorer.prepare_queries(queries).norm(dim=-1).mean()
+        d = scorer.prepare_docs(docs).norm(dim=-1).mean()
+    return float(cosine_scale / (q * d).clamp_min(1e-12))
