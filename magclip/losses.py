@@ -16,7 +16,10 @@ CLIPLoss
     Distributed: *raw* features are gathered with autograd, the Scorer is applied after the
     gather (its exponents see every rank's norms), then either the full global matrix
     (`local_loss=False`, every rank computes the same loss) or open_clip's local form (this rank's
-    queries against all documents, targets offset by rank).
+    queries against all documents, targets offset by rank). Both give every rank the exact
+    gradient of the global-batch loss once DDP averages it. `gather_with_grad=False` is open_clip's
+    cheaper option: other ranks' features arrive detached, so gradients only flow through the
+    local slice and no longer equal the single-process gradient.
 """
 
 from __future__ import annotations

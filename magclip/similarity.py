@@ -105,6 +105,17 @@ class Scorer(nn.Module):
             self.gamma_q_param.clamp_(0.0, 1.0)
             self.gamma_d_param.clamp_(0.0, 1.0)
 
+    def transposed(self) -> "Scorer":
+        """The same score with the roles swapped: s'(d, q) = s(q, d). qnorm <-> dnorm; exponents frozen.
+
+        Used to score the direction a run did not train (e.g. text->image after an image->text-only
+        run) with the similarity it did train, each modality keeping its own exponent.
+        """
+        swapped = {"qnorm": "dnorm", "dnorm": "qnorm", "cosine": "cosine", "dot": "dot"}
+        if self.mode in swapped:
+            return Scorer(swapped[self.mode])
+        return Scorer("fixed", self.gamma_d, self.gamma_q)
+
     def to_dict(self) -> dict[str, Any]:
         """Mode and current exponents: what a results file or checkpoint records."""
         return {"mode": self.mode, "gamma_q": self.gamma_q, "gamma_d": self.gamma_d}
@@ -145,4 +156,13 @@ def _scale_by_norm(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     with torch.autocast(device_type=x.device.type, enabled=False):
         x = x.float()
         norm = x.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
-        return x / norm.pow(gamma.clamp(0.0, 1.0).to(x.device))
+        return x / norm.pow(_clip_unit(gamma).to(x.device))
+
+
+def _clip_unit(gamma: torch.Tensor) -> torch.Tensor:
+    """gamma clipped into [0, 1] in value, with an identity gradient.
+
+    torch.clamp has zero gradient *at* its bounds, which would freeze a learnable exponent sitting
+    exactly at a corner (e.g. initialised at cosine); `project_()` keeps the parameter in range.
+    """
+    return gamma + (gamma.clamp(0.0, 1.0) - gamma).detach()

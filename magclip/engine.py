@@ -1,0 +1,379 @@
+"""The accelerate training loop shared by the CLIP and text paths.
+
+A task supplies a `TrainModule` (forward = encode a micro-batch into features, `compute_loss` =
+the contrastive loss on features of the whole accumulated batch, `project_` = clip constrained
+parameters after a step) and a loader factory. The engine owns what every contrastive run needs:
+
+- AdamW, no weight decay on 1-D parameters, the logit scale and the norm exponents;
+- cosine schedule with linear warmup;
+- precision fp32/bf16/fp16 through accelerate;
+- gradient accumulation with open_clip's feature cache: features of all micro-batches are first
+  computed without gradient, then each micro-batch is re-encoded with gradient and the loss is
+  taken over the whole accumulated batch, so negatives span it (naive accumulation would not);
+- gradient clipping; non-finite steps skipped and counted, the run stopped with the step number
+  after `max_nonfinite_steps` in a row;
+- atomic checkpoints (latest + every N) with optimizer, scheduler, RNG and data position, so
+  `resume=latest` continues exactly;
+- metrics.jsonl + tensorboard on the main process; tqdm on the main process only.
+
+The data loader is *not* passed through `accelerator.prepare`: webdataset loaders already shard
+by rank, and accelerate would re-dispatch batches from rank 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from torch import nn
+from tqdm.auto import tqdm
+
+from magclip.config import TrainConfig
+from magclip.io import atomic_torch_save, atomic_write_text, publish_dir
+
+log = logging.getLogger("magclip.engine")
+
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+class TrainModule(Protocol):
+    def forward(self, batch: dict) -> tuple[torch.Tensor, ...]: ...
+    def compute_loss(self, *features: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def project_(self) -> None: ...
+    def log_state(self) -> dict[str, float]: ...
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+@dataclass
+class LoopState:
+    step: int = 0                    # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0        # micro-batches of `epoch` already consumed
+    skipped_samples: Counter = field(default_factory=Counter)
+    nonfinite_steps: int = 0
+    samples_seen: int = 0
+
+
+def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
+    return Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision], project_dir=str(run_dir),
+                       cpu=not torch.cuda.is_available())
+
+
+def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """No decay on 1-D tensors (norms, biases, embeddings' gains), the logit scale and the exponents."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim < 2 or "logit_scale" in name or "gamma_" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+class Engine:
+    """Runs `steps_per_epoch * epochs` optimizer steps of `module` on batches from `make_loader(epoch)`."""
+
+    def __init__(self, cfg: TrainConfig, accelerator: Accelerator, module: nn.Module, run_dir: Path,
+                 make_loader: Callable[[int], Iterable[dict]], steps_per_epoch: int,
+                 save_model: Callable[[nn.Module, Path], None],
+                 evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None):
+        self.cfg = cfg
+        self.acc = accelerator
+        self.run_dir = run_dir
+        self.make_loader = make_loader
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = steps_per_epoch * cfg.epochs
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        if self.total_steps < 1:
+            raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
+                             f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
+        self.save_model = save_model
+        self.evaluate = evaluate
+        optimizer = torch.optim.AdamW(param_groups(module, cfg.weight_decay), lr=cfg.lr,
+                                      betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, self.total_steps))
+        # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would
+        # step it once per process, assuming a dataloader it sharded itself
+        self.model, self.optimizer = accelerator.prepare(module, optimizer)
+        self.state = LoopState()
+        self.ckpt_dir = run_dir / "checkpoints"
+        self._metrics_file = None
+        self._tb = None
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        return self.acc.unwrap_model(self.model)
+
+    # ---------------------------------------------------------------- loop
+    def fit(self) -> LoopState:
+        if self.cfg.resume:
+            self.load_checkpoint(self._resolve_resume(self.cfg.resume))
+        self._open_logs()
+        bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
+                   desc="train", dynamic_ncols=True)
+        t_last, samples_last = time.perf_counter(), self.state.samples_seen
+        while self.state.step < self.total_steps:
+            started_at = self.state.batches_in_epoch
+            steps_taken = 0
+            for micro_batches in self._steps_of_epoch():
+                steps_taken += 1
+                out = self._train_step(micro_batches)
+                self.state.step += 1
+                bar.update(1)
+                if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
+                    now = time.perf_counter()
+                    rate = (self.state.samples_seen - samples_last) * self.acc.num_processes / max(now - t_last, 1e-9)
+                    t_last, samples_last = now, self.state.samples_seen
+                    self._log(out, rate)
+                    bar.set_postfix(loss=f"{float(out['loss']):.4f}")
+                if self.cfg.val_every and self.state.step % self.cfg.val_every == 0 and self.state.step < self.total_steps:
+                    self.run_evaluation()
+                if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if self.state.step >= self.total_steps:
+                    break
+            else:
+                if steps_taken == 0 and started_at == 0:
+                    raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
+                self.state.epoch += 1
+                self.state.batches_in_epoch = 0
+        bar.close()
+        self.save_checkpoint()
+        return self.state
+
+    def _steps_of_epoch(self) -> Iterator[list[dict]]:
+        """Groups of `accum_freq` micro-batches from the current epoch, after the ones already consumed."""
+        accum = self.cfg.accum_freq
+        limit = self.steps_per_epoch * accum
+        loader = iter(self.make_loader(self.state.epoch))
+        for _ in range(self.state.batches_in_epoch):  # resume inside an epoch: replay the data position
+            next(loader)                               # (its skips were counted before the checkpoint)
+        while self.state.batches_in_epoch < limit:
+            group = list(itertools.islice(loader, accum))
+            if len(group) < accum:
+                log.warning("epoch %d ended after %d of %d micro-batches", self.state.epoch,
+                            self.state.batches_in_epoch + len(group), limit)
+                return
+            self.state.batches_in_epoch += accum
+            yield group
+
+    def _train_step(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
+        self.model.train()
+        for b in micro_batches:
+            self._count_skips(b)
+            self.state.samples_seen += _batch_size(b)
+        if len(micro_batches) == 1:
+            with self.acc.autocast():
+                features = self.model(micro_batches[0])
+                out = self.unwrapped.compute_loss(*features)
+            self.acc.backward(out["loss"])
+        else:
+            out = self._accumulated_backward(micro_batches)
+        self._log_features = features if len(micro_batches) == 1 else None
+        grad_norm = self._clip_gradients()
+        if torch.isfinite(out["loss"]) and math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.unwrapped.project_()
+            self.state.nonfinite_steps = 0
+        else:
+            self._skip_nonfinite(micro_batches, out, grad_norm)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out["grad_norm"] = torch.tensor(grad_norm)
+        return out
+
+    def _accumulated_backward(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
+        """open_clip's --accum-freq: a loss over all micro-batches' features, one micro-batch with grad at a time."""
+        with torch.no_grad(), self.acc.autocast():
+            cached = [self.model(b) for b in micro_batches]
+        out: dict[str, torch.Tensor] = {}
+        for j, batch in enumerate(micro_batches):
+            last = j == len(micro_batches) - 1
+            with (self.acc.no_sync(self.model) if not last else nullcontext()):
+                with self.acc.autocast():
+                    fresh = self.model(batch)
+                    parts = [torch.cat([c[k] if i != j else fresh[k] for i, c in enumerate(cached)])
+                             for k in range(len(fresh))]
+                    out = self.unwrapped.compute_loss(*parts)
+                self.acc.backward(out["loss"])
+        return out
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.grad_clip:
+            norm = self.acc.clip_grad_norm_(params, self.cfg.grad_clip)
+        else:
+            norm = torch.norm(torch.stack([p.grad.detach().float().norm() for p in params])) if params else torch.tensor(0.0)
+        return float(norm)
+
+    def _skip_nonfinite(self, micro_batches: list[dict], out: dict, grad_norm: float) -> None:
+        self.state.nonfinite_steps += 1
+        self.state.skipped_samples["nonfinite_step_batches"] += len(micro_batches)
+        keys = [k for b in micro_batches for k in b.get("keys", [])][:8]
+        msg = (f"step {self.state.step + 1}: non-finite loss {float(out['loss'])} or gradient norm {grad_norm}; "
+               f"step skipped (first keys {keys}, state {self.unwrapped.log_state()})")
+        log.warning(msg)
+        if self.state.nonfinite_steps >= self.cfg.max_nonfinite_steps:
+            raise NonFiniteLossError(f"{msg}; {self.state.nonfinite_steps} non-finite steps in a row, stopping")
+
+    def _count_skips(self, batch: dict) -> None:
+        self.state.skipped_samples.update(batch.get("skipped", {}))
+
+    # ---------------------------------------------------------------- evaluation and logs
+    def run_evaluation(self) -> dict[str, float]:
+        if self.evaluate is None:
+            return {}
+        metrics = {}
+        if self.acc.is_main_process:
+            self.model.eval()
+            with torch.no_grad(), self.acc.autocast():
+                metrics = self.evaluate(self.unwrapped, self.state.step)
+            self._write_metrics({"step": self.state.step, "epoch": self.state.epoch,
+                                 **{f"val/{k}": v for k, v in metrics.items()}})
+        self.acc.wait_for_everyone()
+        return metrics
+
+    def _open_logs(self) -> None:
+        if not self.acc.is_main_process:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics_file = open(self.run_dir / "metrics.jsonl", "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency; a broken install only loses the event files
+            log.warning("tensorboard is not importable; metrics.jsonl only")
+
+    def _log(self, out: dict[str, torch.Tensor], samples_per_s: float) -> None:
+        record: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch,
+                                  "lr": self.scheduler.get_last_lr()[0], "samples_per_s": samples_per_s}
+        record.update({k: float(v) for k, v in out.items()})
+        record.update(self.unwrapped.log_state())
+        if self._log_features is not None:
+            for name, f in zip(self.unwrapped.feature_names, self._log_features):
+                record[f"norm_{name}"] = float(f.detach().float().norm(dim=-1).mean())
+        skipped = self.reduce_counts(self.state.skipped_samples)
+        record["skipped"] = dict(skipped)
+        record["skipped_total"] = sum(skipped.values())
+        self._write_metrics(record)
+
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        if not self.acc.is_main_process or self._metrics_file is None:
+            return
+        self._metrics_file.write(json.dumps(record) + "\n")
+        self._metrics_file.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step",):
+                    self._tb.add_scalar(k, v, record["step"])
+            self._tb.flush()
+
+    def reduce_counts(self, counts: Counter) -> Counter:
+        """Sum per-rank counters over all ranks (every rank must call this)."""
+        if self.acc.num_processes == 1:
+            return Counter(counts)
+        gathered = [None] * self.acc.num_processes
+        torch.distributed.all_gather_object(gathered, dict(counts))
+        total: Counter = Counter()
+        for c in gathered:
+            total.update(c)
+        return total
+
+    def close(self) -> None:
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """checkpoints/step_N/{model.pt, state.pt}, written in a temp dir and renamed; then `latest` points at it."""
+        final = self.ckpt_dir / f"step_{self.state.step:08d}"
+        if self.acc.is_main_process:
+            tmp = self.ckpt_dir / f".tmp_step_{self.state.step:08d}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.save_model(self.unwrapped, tmp / "model.pt")
+            atomic_torch_save(self._training_state(), tmp / "state.pt")
+            publish_dir(tmp, final)
+            atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")
+        self.acc.wait_for_everyone()
+        return final
+
+    def _training_state(self) -> dict[str, Any]:
+        return {
+            "module": {k: v for k, v in self.unwrapped.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
+            "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
+                     "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples)},
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        }
+
+    def _resolve_resume(self, resume: str) -> Path:
+        if resume != "latest":
+            return Path(resume)
+        pointer = self.ckpt_dir / "latest"
+        if not pointer.is_file():
+            raise FileNotFoundError(f"resume=latest but {pointer} does not exist: no checkpoint to resume from")
+        return self.ckpt_dir / pointer.read_text().strip()
+
+    def load_checkpoint(self, path: Path) -> None:
+        state_file = path / "state.pt"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"checkpoint {path} has no state.pt")
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        self.unwrapped.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state["scaler"] is not None and self.acc.scaler is not None:
+            self.acc.scaler.load_state_dict(state["scaler"])
+        loop = state["loop"]
+        self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
+                               samples_seen=loop["samples_seen"], skipped_samples=Counter(loop["skipped_samples"]))
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
+                 self.state.batches_in_epoch)
+
+
+
+def _batch_size(batch: dict) -> int:
+    for v in batch.values():
+        if isinstance(v, torch.Tensor):
+            return int(v.shape[0])
+    return 0

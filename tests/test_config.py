@@ -1,0 +1,46 @@
+"""Config: YAML + dotted overrides; unknown keys and bad values are named before any work starts."""
+
+from pathlib import Path
+
+import pytest
+
+from magclip.config import ConfigError, RunConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "clip"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_overrides_apply_with_yaml_types():
+    cfg = load_config(CONFIGS / "default.yaml", ["train.epochs=2", "loss.t2i=null", "loss.i2t=qnorm",
+                                                  "train.lr=3e-4", "name=x"])
+    assert (cfg.train.epochs, cfg.loss.t2i, cfg.loss.i2t, cfg.train.lr, cfg.name) == (2, None, "qnorm", 3e-4, "x")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epoch=2", "unknown config key 'train.epoch'; allowed in train: epochs, max_steps"),
+    ("trian.epochs=2", "unknown config key 'trian'"),
+    ("train.epochs=two", "config key 'train.epochs' must be int, got 'two'"),
+    ("loss.i2t=qnrom", "loss.i2t='qnrom' is not a scoring mode; allowed: cosine, dot, qnorm, dnorm, fixed, learnable"),
+    ("train.precision=fp8", "train.precision='fp8'; allowed: fp32, bf16, fp16"),
+    ("train.batch_size=0", "train.batch_size must be >= 1"),
+    ("train.resume=/no/such/ckpt", "no such checkpoint"),
+    ("train", "must look like key.sub=value"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        load_config(CONFIGS / "default.yaml", [override])
+
+
+def test_both_directions_null_is_rejected():
+    with pytest.raises(ConfigError, match="both null"):
+        load_config(None, ["loss.i2t=null", "loss.t2i=null"])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found: .*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
