@@ -1,0 +1,558 @@
+"""webdataset pipelines for image-text shards (img2dataset layout: KEY.{jpg,jpeg,png,webp} + KEY.txt).
+
+One rank's pipeline, built from webdataset's own stages inside each loader worker:
+
+    shard list   all sources' shards; deterministic shuffle per (seed, epoch, pass), or weighted
+                 resampling with replacement per (seed, epoch, pass, rank, worker)
+    split        by rank (explicit rank/world, no process group needed), then wds.split_by_worker
+    read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards)
+    shuffle      wds.shuffle buffer over raw bytes (cheap), seeded per rank/worker/pass
+    decode       validate, decode, preprocess; bad samples are skipped and counted by reason
+    batch        wds.batched with the tokenizer as part of the collation
+
+Epoch length. With `num_samples`, every rank yields exactly `num_samples // (batch_size *
+world_size)` full batches: a worker whose shards run out starts another pass over them (open_clip's
+`with_epoch` semantics), so distributed all-gathers never wait on a rank that ran dry. With
+`num_samples=None` (not resampled) the loader makes one pass over this rank's shards, keeping a
+last partial batch unless `drop_last`; this is what evaluation wants, but ranks can then yield
+different batch counts, so use `num_samples` for distributed training.
+
+Bad data never stops a run and never disappears silently: each skip is counted under a reason
+(`SKIP_REASONS`), logged (first few per reason per worker and epoch) on the `magclip.data`
+logger with shard URL and key, reported per batch in `batch["skipped"]` and summed in
+`ShardLoader.skip_counts`. `corrupt_tar` and `unreadable_shard` count shards, not samples (how
+many samples a broken tar held is unknown); every other reason counts samples.
+
+Why not `wds.tarfile_to_samples`: on a tar cut at a header boundary Python's tarfile stops
+silently, and on one cut inside a member it may raise twice; the reader here detects both and
+counts one `corrupt_tar` per shard, keeping the samples read before the damage.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import random
+import re
+import tarfile
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from itertools import count, islice
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset.shardlists import expand_urls
+from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
+
+from magclip import distributed
+
+log = logging.getLogger("magclip.data")
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+SKIP_REASONS = (
+    "unreadable_shard",  # the shard could not be opened (per shard)
+    "corrupt_tar",  # garbage or truncated tar; samples before the damage are kept (per shard)
+    "bad_member",  # a member webdataset could not group, e.g. a duplicate name in one sample
+    "missing_image",
+    "missing_caption",
+    "bad_caption_encoding",  # caption is not UTF-8
+    "empty_caption",  # empty or whitespace only
+    "image_too_large",  # more pixels than max_image_pixels (checked from the header, before decoding)
+    "undecodable_image",  # PIL cannot decode it (garbage, truncated, zero bytes)
+)
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS default
+_META = re.compile(r"(^|/)__[^/]*__($|/)")  # webdataset's metadata members, not samples
+
+
+# ----------------------------------------------------------------------------- urls and sizes
+
+
+def expand_sources(urls: str | list[str]) -> list[list[str]]:
+    """Shard URLs per source. A string is split at '::'; a list holds one pattern per source."""
+    parts = urls.split("::") if isinstance(urls, str) else list(urls)
+    sources = [expand_urls(p.strip()) for p in parts if p.strip()]
+    if not sources or any(not s for s in sources):
+        raise ValueError(f"no shards in {urls!r}")
+    return sources
+
+
+def _local_path(url: str) -> Path | None:
+    """The file behind a local URL (plain path or file:), None for pipe:, http: and the like."""
+    scheme = urlparse(url).scheme
+    if scheme == "file":
+        return Path(urlparse(url).path)
+    return Path(url) if scheme == "" else None
+
+
+def _check_exist(urls: Iterable[str]) -> None:
+    for url in urls:
+        path = _local_path(url)
+        if path is not None and not path.is_file():
+            origin = f" (from {url})" if str(path) != url else ""
+            raise FileNotFoundError(f"shard not found: {path}{origin}")
+
+
+def _tar_files(fileobj: Any) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """(name, read) for each regular non-metadata member of a tar stream; raises on damage.
+
+    tarfile alone treats a file cut at a header boundary as a normal end. A proper end is a zero
+    block after the last member, which tarfile has read (pos >= offset + 512) when it stops."""
+    tar = tarfile.open(fileobj=fileobj, mode="r|*")
+    for info in tar:
+        if info.isreg() and not _META.search(info.name):
+            yield info.name, tar.extractfile(info).read  # type: ignore[union-attr]
+        tar.members = []  # stream mode would otherwise keep every header
+    if tar.fileobj.pos < tar.offset + tarfile.BLOCKSIZE:  # type: ignore[union-attr]
+        raise tarfile.ReadError(f"truncated: no end-of-archive block after byte {tar.offset}")
+
+
+def _count_tar(path: Path) -> int:
+    """Number of distinct sample keys in one tar, read as far as it is readable."""
+    keys: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            for name, _ in _tar_files(f):
+                key, _ = base_plus_ext(name)
+                if key is not None:
+                    keys.add(key)
+    except Exception as exn:
+        log.warning("counting %s: tar damaged after %d samples (%s)", path, len(keys), exn)
+    return len(keys)
+
+
+def shard_sizes(urls: list[str]) -> list[int | None]:
+    """Samples per shard from a `sizes.json` beside the shards (open_clip's convention), else by
+    reading the tar; None for a remote shard without a local sizes.json."""
+    tables: dict[Path, dict[str, int]] = {}
+    out: list[int | None] = []
+    for url in urls:
+        path = _local_path(url)
+        if path is None:
+            out.append(None)
+            continue
+        folder = path.parent
+        if folder not in tables:
+            sizes = folder / "sizes.json"
+            tables[folder] = json.loads(sizes.read_text()) if sizes.is_file() else {}
+        n = tables[folder].get(path.name)
+        out.append(int(n) if n is not None else _count_tar(path))
+    return out
+
+
+def count_samples(urls: str | list[str]) -> int:
+    """Total samples in all sources (sizes.json if present, else counted from the tars)."""
+    flat = [u for s in expand_sources(urls) for u in s]
+    sizes = shard_sizes(flat)
+    missing = [u for u, n in zip(flat, sizes) if n is None]
+    if missing:
+        raise ValueError(f"cannot count samples of remote shards without a sizes.json: {missing[:3]}")
+    return sum(n for n in sizes if n is not None)
+
+
+def _parse_weights(weights: str | list[float] | None, n_sources: int) -> list[float] | None:
+    if weights is None:
+        return None
+    ws = [float(w) for w in (weights.split("::") if isinstance(weights, str) else weights)]
+    if len(ws) != n_sources:
+        raise ValueError(f"got {len(ws)} weights for {n_sources} sources")
+    if any(w < 0 for w in ws) or sum(ws) <= 0:
+        raise ValueError(f"weights must be >= 0 and not all 0, got {ws}")
+    return ws
+
+
+def _seed(*parts: object) -> str:
+    """A seed for random.Random: strings are hashed with sha512, stable across processes."""
+    return ":".join(map(str, parts))
+
+
+# ----------------------------------------------------------------------------- worker stages
+
+
+class _Skips:
+    """Counts and logs skipped samples inside one worker; `take()` hands them to the next batch."""
+
+    def __init__(self, log_first: int):
+        self.pending: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()
+        self.log_first = log_first
+
+    def skip(self, reason: str, url: str | None, key: str | None, detail: object = "") -> None:
+        self.pending[reason] += 1
+        self.seen[reason] += 1
+        if self.seen[reason] <= self.log_first:
+            last = self.seen[reason] == self.log_first
+            more = " (further skips for this reason are counted, not logged)" if last else ""
+            where = f"shard {url}" + (f" key {key}" if key is not None else "")
+            log.warning("skipped %s: %s: %s%s", reason, where, str(detail)[:200], more)
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.pending)
+        self.pending.clear()
+        return out
+
+    def open_failed(self, exn: Exception) -> bool:
+        url = next((a for a in reversed(exn.args) if isinstance(a, str)), None)
+        self.skip("unreadable_shard", url, None, exn)
+        return True
+
+    def bad_member(self, exn: Exception) -> bool:
+        self.skip("bad_member", None, None, exn)
+        return True
+
+
+def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[dict[str, Any]]:
+    """Members of each opened tar as {fname, data, __url__}, then {} (webdataset's end-of-shard).
+
+    A tar that is garbage, cut inside a member, or cut at a header boundary (which tarfile
+    treats as a normal end) counts one `corrupt_tar`; members read before the damage are kept.
+    """
+    for source in sources:
+        url, stream = source["url"], source["stream"]
+        status = "reading"
+        try:
+            for name, read in _tar_files(stream):
+                yield {"fname": name, "data": read(), "__url__": url}
+            status = "done"
+        except Exception as exn:
+            status = "failed"
+            skips.skip("corrupt_tar", url, None, f"{type(exn).__name__}: {exn}")
+        finally:
+            try:  # a pipe: URL reports its command's exit status here
+                stream.close()
+            except Exception as exn:
+                if status == "done":  # not when already counted, nor when closed early on purpose
+                    skips.skip("unreadable_shard", url, None, f"{type(exn).__name__}: {exn}")
+        yield {}
+
+
+def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, str]:
+    """(RGB image, "", "") or (None, reason, detail). The size comes from the header, so a
+    decompression bomb is refused before any pixel is decoded."""
+    if not data:
+        return None, "undecodable_image", "zero bytes"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DecompressionBombWarning, palette transparency notes
+        try:
+            img = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as exn:  # beyond PIL's own global limit
+            return None, "image_too_large", str(exn)
+        except Exception as exn:
+            return None, "undecodable_image", f"{type(exn).__name__}: {exn}"
+        w, h = img.size
+        if w * h > max_pixels:
+            return None, "image_too_large", f"{w}x{h} > {max_pixels} pixels"
+        try:
+            return img.convert("RGB"), "", ""
+        except Exception as exn:
+            return None, "undecodable_image", f"{type(exn).__name__}: {exn}"
+
+
+def check_sample(sample: dict[str, Any], max_pixels: int) -> tuple[dict[str, Any] | None, str, str]:
+    """Validate one grouped sample: ({key, caption, image}, "", "") or (None, reason, detail).
+
+    Cheap caption checks come before image decoding."""
+    ext = next((e for e in IMAGE_EXTS if e in sample), None)
+    if ext is None:
+        return None, "missing_image", f"members: {sorted(k for k in sample if not k.startswith('__'))}"
+    raw = sample.get("txt")
+    if raw is None:
+        return None, "missing_caption", ""
+    try:
+        caption = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exn:
+        return None, "bad_caption_encoding", str(exn)
+    if not caption:
+        return None, "empty_caption", ""
+    img, reason, detail = load_image(sample[ext], max_pixels)
+    if img is None:
+        return None, reason, detail
+    return {"key": sample["__key__"], "caption": caption, "image": img}, "", ""
+
+
+def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips):
+    for sample in samples:
+        good, reason, detail = check_sample(sample, max_pixels)
+        if good is None:
+            skips.skip(reason, sample.get("__url__"), sample.get("__key__"), detail)
+            continue
+        good["image"] = preprocess(good["image"])  # a failure here is a bug, not bad data: raise
+        yield good
+
+
+def _collate(samples: list[dict[str, Any]], tokenizer: Callable, skips: _Skips) -> dict[str, Any]:
+    captions = [s["caption"] for s in samples]
+    return {
+        "images": torch.stack([s["image"] for s in samples]),
+        "texts": tokenizer(captions),
+        "keys": [s["key"] for s in samples],
+        "captions": captions,
+        "skipped": skips.take(),
+    }
+
+
+def _split_by_rank(src: Iterable[dict[str, Any]], rank: int, world_size: int) -> Iterator[dict[str, Any]]:
+    """wds.split_by_node with an explicit rank, so it works before/without a process group."""
+    return islice(src, rank, None, world_size)
+
+
+class _WeightedShards(IterableDataset):
+    """`n` shards drawn with replacement, shard i with probability proportional to weights[i]."""
+
+    def __init__(self, urls: list[str], weights: list[float], n: int, seed: str):
+        self.urls, self.weights, self.n, self.seed = urls, weights, n, seed
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        rng = random.Random(self.seed)
+        for url in rng.choices(self.urls, weights=self.weights, k=self.n):
+            yield {"url": url}
+
+
+def epoch_order(urls: list[str], shuffle: bool, seed: int, epoch: int, rep: int = 0) -> list[str]:
+    """The shard order of one pass; the same on every rank so that the rank split is disjoint."""
+    urls = list(urls)
+    if shuffle:
+        random.Random(_seed(seed, epoch, rep, "shards")).shuffle(urls)
+    return urls
+
+
+class _RankStream(IterableDataset):
+    """One rank's batches; iterated inside each DataLoader worker (or in-process for 0 workers)."""
+
+    def __init__(self, urls: list[str], shard_weights: list[float] | None, *, preprocess: Callable,
+                 tokenizer: Callable, batch_size: int, num_batches: int | None, resampled: bool,
+                 shuffle: bool, shuffle_buffer: int, seed: int, rank: int, world_size: int,
+                 drop_last: bool, max_image_pixels: int, log_first: int):
+        self.urls, self.shard_weights = urls, shard_weights
+        self.preprocess, self.tokenizer = preprocess, tokenizer
+        self.batch_size, self.num_batches = batch_size, num_batches
+        self.resampled, self.shuffle, self.shuffle_buffer = resampled, shuffle, shuffle_buffer
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.drop_last, self.max_image_pixels, self.log_first = drop_last, max_image_pixels, log_first
+        self.epoch = 0
+
+    def _pass(self, rep: int, worker: int, skips: _Skips) -> wds.DataPipeline:
+        if self.resampled:  # every rank and worker draws its own shards: no splitting
+            weights = self.shard_weights or [1.0] * len(self.urls)
+            seed = _seed(self.seed, self.epoch, rep, self.rank, worker, "resample")
+            stages: list[Any] = [_WeightedShards(self.urls, weights, len(self.urls), seed)]
+        else:
+            order = epoch_order(self.urls, self.shuffle, self.seed, self.epoch, rep)
+            stages = [wds.SimpleShardList(order),
+                      partial(_split_by_rank, rank=self.rank, world_size=self.world_size),
+                      wds.split_by_worker]
+        stages += [partial(url_opener, handler=skips.open_failed),
+                   partial(_tar_members, skips=skips),
+                   partial(group_by_keys, handler=skips.bad_member)]
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = random.Random(_seed(self.seed, self.epoch, rep, self.rank, worker, "samples"))
+            initial = min(self.shuffle_buffer, max(100, self.shuffle_buffer // 4))
+            stages.append(wds.shuffle(self.shuffle_buffer, initial=initial, rng=rng))
+        stages.append(partial(_decode, preprocess=self.preprocess, max_pixels=self.max_image_pixels,
+                              skips=skips))
+        return wds.DataPipeline(*stages)
+
+    def _samples(self, worker: int, skips: _Skips) -> Iterator[dict[str, Any]]:
+        for rep in count():
+            n = 0
+            for sample in self._pass(rep, worker, skips):
+                n += 1
+                yield sample
+            if self.num_batches is None or n == 0:  # one-pass mode, or nothing usable left
+                return
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        skips = _Skips(self.log_first)
+        keep_partial = self.num_batches is None and not self.drop_last
+        collate = partial(_collate, tokenizer=self.tokenizer, skips=skips)
+        batches = wds.batched(self.batch_size, collation_fn=collate, partial=keep_partial)(
+            self._samples(worker, skips))
+        if self.num_batches is not None:  # this worker's share of the rank's batches
+            share = self.num_batches // workers + (worker < self.num_batches % workers)
+            batches = islice(batches, share)
+        yield from batches
+        if skips.pending:  # skips after the last batch: report them in a batch-less record
+            yield {"images": None, "skipped": skips.take()}
+
+
+# ----------------------------------------------------------------------------- the loader
+
+
+class ShardLoader:
+    """Iterable over one rank's batches of one epoch; wraps a DataLoader over a webdataset pipeline.
+
+    Each batch: {"images": FloatTensor[B,3,H,W], "texts": LongTensor[B,L], "keys": list[str],
+    "captions": list[str], "skipped": {reason: count since the previous batch}}. `skip_counts`
+    sums every skip of every epoch in this process; it also holds skips that happened after the
+    epoch's last batch, which no batch can carry, so use it (not the per-batch sums) for totals.
+    """
+
+    def __init__(self, stream: _RankStream, *, workers: int, num_samples: int | None, epoch: int,
+                 shard_sizes: list[int | None] | None, seed: int):
+        self._stream, self.workers, self.seed = stream, workers, seed
+        self.num_samples = num_samples
+        self._sizes = shard_sizes
+        self.skip_counts: Counter[str] = Counter()
+        self.num_batches: int | None = stream.num_batches
+        self.set_epoch(epoch)
+
+    @property
+    def batch_size(self) -> int:
+        return self._stream.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reseed shard order, resampling and shuffle buffers for `epoch` (takes effect at the next
+        `iter()`; workers are not persistent, so they start from this state)."""
+        self.epoch = epoch
+        self._stream.epoch = epoch
+        if self._stream.num_batches is None:
+            self.num_batches = self._one_pass_batches(self._stream.rank)
+
+    def _one_pass_batches(self, rank: int) -> int | None:
+        """Batches rank `rank` yields in one pass if no sample is skipped (None if sizes unknown)."""
+        if self._sizes is None or any(n is None for n in self._sizes):
+            return None
+        s = self._stream
+        size_of = dict(zip(s.urls, self._sizes))
+        mine = epoch_order(s.urls, s.shuffle, s.seed, self.epoch)[rank::s.world_size]
+        k = max(1, min(self.workers, len(mine)))
+        total = 0
+        for w in range(k):
+            n = sum(size_of[u] or 0 for u in mine[w::k])
+            total += n // s.batch_size if s.drop_last else math.ceil(n / s.batch_size)
+        return total
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("number of batches unknown (remote shards without sizes.json)")
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._stream.epoch = self.epoch
+        s = self._stream
+        # Seeds the workers' torch/random/numpy RNGs (random augmentations) per (seed, epoch, rank).
+        gen = torch.Generator().manual_seed(
+            random.Random(_seed(self.seed, self.epoch, s.rank, "torch")).getrandbits(62))
+        loader = DataLoader(s, batch_size=None, num_workers=self.workers, generator=gen,
+                            pin_memory=torch.cuda.is_available(), persistent_workers=False)
+        n = 0
+        carry: Counter[str] = Counter()  # skips a worker reported after its last batch
+        for item in loader:
+            self.skip_counts.update(item["skipped"])
+            if item["images"] is None:
+                carry.update(item["skipped"])
+                continue
+            if carry:
+                item["skipped"] = dict(carry + Counter(item["skipped"]))
+                carry.clear()
+            n += 1
+            yield item
+        if s.num_batches is not None and n < s.num_batches:
+            raise RuntimeError(
+                f"rank {s.rank} yielded {n} of {s.num_batches} batches: a worker ran out of usable data "
+                f"(all its shards unreadable or all samples skipped; skips so far {dict(self.skip_counts)})")
+
+
+def build_clip_loader(
+    urls: str | list[str],
+    *,
+    preprocess: Callable[[Image.Image], torch.Tensor],
+    tokenizer: Callable[[list[str]], torch.Tensor],
+    batch_size: int,
+    num_samples: int | None = None,
+    weights: str | list[float] | None = None,
+    resampled: bool = False,
+    shuffle: bool = True,
+    shuffle_buffer: int = 1000,
+    workers: int = 0,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    drop_last: bool = True,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    log_first: int = 5,
+) -> ShardLoader:
+    """A loader over image-text shards for one rank.
+
+    urls: brace patterns, several sources joined with '::' (or a list, one pattern per source).
+    num_samples: epoch length in samples across all ranks; each rank then yields exactly
+        `num_samples // (batch_size * world_size)` full batches (drop_last is implied). None: one
+        pass over this rank's shards (not with `resampled`); `num_batches` then comes from
+        sizes.json or counting the tars, and is an upper bound if samples get skipped.
+    weights: per-source upsampling factors like open_clip's `--train-data-upsampling-factors`
+        ('1::2'): every shard of source i is drawn with probability proportional to weights[i];
+        needs `resampled=True`.
+    resampled: draw shards with replacement (each rank and worker independently).
+    workers: DataLoader worker processes. Without resampling each worker needs its own shards:
+        with fewer shards per rank than workers the worker count is lowered (with a warning);
+        fewer shards than ranks is a ValueError.
+    rank, world_size: default to torch.distributed when initialised, else 0 and 1.
+    max_image_pixels: larger images are skipped as `image_too_large` before decoding.
+    log_first: skips logged per reason, worker and epoch (all are counted).
+
+    Deterministic given (seed, epoch, rank) for the sample order; with workers > 0, random
+    augmentations in `preprocess` are seeded too, with 0 workers they use the global torch RNG.
+    """
+    rank = distributed.rank() if rank is None else rank
+    world_size = distributed.world_size() if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} not in [0, {world_size})")
+    if batch_size < 1 or workers < 0:
+        raise ValueError(f"batch_size must be >= 1 and workers >= 0, got {batch_size}, {workers}")
+    sources = expand_sources(urls)
+    flat = [u for src in sources for u in src]
+    _check_exist(flat)
+    source_weights = _parse_weights(weights, len(sources))
+    if source_weights is not None and not resampled:
+        raise ValueError("weights need resampled=True (without resampling every shard is read once per pass)")
+    shard_weights = [w for src, w in zip(sources, source_weights) for _ in src] if source_weights else None
+
+    sizes: list[int | None] | None = None
+    if num_samples is None:
+        if resampled:
+            raise ValueError("resampled=True needs num_samples (a resampled stream has no end)")
+        num_batches = None
+        sizes = shard_sizes(flat)
+        known = None if any(n is None for n in sizes) else sum(n or 0 for n in sizes)
+    else:
+        num_batches = num_samples // (batch_size * world_size)
+        if num_batches < 1:
+            raise ValueError(f"num_samples={num_samples} is less than one global batch "
+                             f"({batch_size} x {world_size} ranks)")
+        known = num_samples
+
+    if not resampled:
+        per_rank = len(flat) // world_size  # the fewest shards any rank gets
+        if per_rank < 1:
+            raise ValueError(f"{len(flat)} shards cannot be split over {world_size} ranks: need at least "
+                             f"{world_size} shards (or resampled=True)")
+        mine = len(range(rank, len(flat), world_size))
+        if workers > mine:
+            log.warning("%d shards for rank %d (of %d shards, %d ranks) cannot feed %d workers: using %d",
+                        mine, rank, len(flat), world_size, workers, mine)
+            workers = mine
+
+    stream = _RankStream(flat, shard_weights, preprocess=preprocess, tokenizer=tokenizer,
+                         batch_size=batch_size,
+                         num_batches=num_batches, resampled=resampled, shuffle=shuffle,
+                         shuffle_buffer=shuffle_buffer, seed=seed, rank=rank, world_size=world_size,
+                         drop_last=drop_last, max_image_pixels=max_image_pixels, log_first=log_first)
+    loader = ShardLoader(stream, workers=workers, num_samples=known, epoch=epoch, shard_sizes=sizes,
+                         seed=seed)
+    if num_batches is None and world_size > 1:
+        counts = {r: loader._one_pass_batches(r) for r in range(world_size)}
+        if len(set(counts.values())) > 1:
+            log.warning("one pass gives ranks different batch counts %s; pass num_samples for distributed "
+                        "training", counts)
+    return loader
