@@ -55,6 +55,10 @@ class CLIPTrainModule(nn.Module):
         self.logit_scale.project_()
         self.loss.project_()
 
+    def loss_parameters(self) -> list[nn.Parameter]:
+        """Parameters used by `compute_loss` directly rather than through the features."""
+        return [*self.logit_scale.parameters(), *self.loss.parameters()]
+
     def log_state(self) -> dict[str, float]:
         state = {"logit_scale": self.logit_scale.value}
         for direction, s in self.loss.scorer_state().items():

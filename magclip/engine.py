@@ -53,6 +53,7 @@ class TrainModule(Protocol):
     def forward(self, batch: dict) -> tuple[torch.Tensor, ...]: ...
     def compute_loss(self, *features: torch.Tensor) -> dict[str, torch.Tensor]: ...
     def project_(self) -> None: ...
+    def loss_parameters(self) -> Iterable[nn.Parameter]: ...
     def log_state(self) -> dict[str, float]: ...
 
 
@@ -153,7 +154,7 @@ class Engine:
                     rate = (self.state.samples_seen - samples_last) * self.acc.num_processes / max(now - t_last, 1e-9)
                     t_last, samples_last = now, self.state.samples_seen
                     self._log(out, rate)
-                    bar.set_postfix(loss=f"{float(out['loss']):.4f}")
+                    bar.set_postfix(loss=f"{float(out['loss'].detach()):.4f}")
                 if self.cfg.val_every and self.state.step % self.cfg.val_every == 0 and self.state.step < self.total_steps:
                     self.run_evaluation()
                 if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
@@ -224,6 +225,11 @@ class Engine:
                              for k in range(len(fresh))]
                     out = self.unwrapped.compute_loss(*parts)
                 self.acc.backward(out["loss"])
+        # the loss's own parameters (logit scale, exponents) took part in every micro-batch's loss,
+        # so they hold accum_freq copies of their gradient (open_clip's --accum-freq keeps them so)
+        for p in self.unwrapped.loss_parameters():
+            if p.grad is not None:
+                p.grad /= len(micro_batches)
         return out
 
     def _clip_gradients(self) -> float:
@@ -275,7 +281,7 @@ class Engine:
     def _log(self, out: dict[str, torch.Tensor], samples_per_s: float) -> None:
         record: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch,
                                   "lr": self.scheduler.get_last_lr()[0], "samples_per_s": samples_per_s}
-        record.update({k: float(v) for k, v in out.items()})
+        record.update({k: float(v.detach()) for k, v in out.items()})
         record.update(self.unwrapped.log_state())
         if self._log_features is not None:
             for name, f in zip(self.unwrapped.feature_names, self._log_features):
