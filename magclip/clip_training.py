@@ -130,12 +130,19 @@ def evaluate_retrieval(clip: RawCLIP, scorers: dict[str, Scorer], loader, device
     ids = ids_from_labels(enc["captions"])
     metrics = retrieval_metrics(enc["image_features"], enc["text_features"], i2t=scorers["i2t"], t2i=scorers["t2i"],
                                 image_ids=ids, text_ids=ids)
+    metrics["chance_R@1"] = chance_recall_at_1(ids)
     metrics["num_samples"] = len(enc["keys"])
     metrics["num_unique_captions"] = int(ids.unique().numel())
     metrics["image_norm_mean"] = float(enc["image_features"].norm(dim=-1).mean())
     metrics["text_norm_mean"] = float(enc["text_features"].norm(dim=-1).mean())
     metrics["skipped_total"] = sum(enc["skipped"].values())
     return metrics
+
+
+def chance_recall_at_1(ids: torch.Tensor) -> float:
+    """Expected R@1 of a random ranking: the mean share of relevant items per query."""
+    _, inverse, counts = ids.unique(return_inverse=True, return_counts=True)
+    return float((counts[inverse].float() / ids.numel()).mean())
 
 
 def prepare_run_dir(cfg: RunConfig, is_main: bool) -> Path:
@@ -185,12 +192,14 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
         _match_cosine_temperature(module, make_loader(0))
 
-    val_loader = None
-    if val_urls:
-        val_loader = build_clip_loader(val_urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
-                                       batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
-                                       rank=0, world_size=1, drop_last=False)
-    else:
+    def eval_loader(urls: str):
+        return build_clip_loader(urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
+                                 batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
+                                 rank=0, world_size=1, drop_last=False)
+
+    val_loader = eval_loader(val_urls) if val_urls else None
+    extra_loaders = {name: eval_loader(urls) for name, urls in cfg.data.eval_sets.items()}
+    if val_loader is None:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
     def evaluate(m: CLIPTrainModule, step: int) -> dict[str, float]:
@@ -209,6 +218,14 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
+        eval_sets = {}
+        if accelerator.is_main_process:
+            final = engine.unwrapped
+            for name, loader in extra_loaders.items():
+                with torch.no_grad(), accelerator.autocast():
+                    eval_sets[name] = evaluate_retrieval(final.clip.eval(), eval_scorers(final.loss), loader,
+                                                         accelerator.device)
+        accelerator.wait_for_everyone()
         skipped = engine.reduce_counts(state.skipped_samples)
     finally:
         engine.close()
@@ -219,7 +236,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
         "world_size": accelerator.num_processes, "skipped_samples": dict(skipped),
-        "wall_time_s": round(time.perf_counter() - t0, 2), "metrics": metrics,
+        "wall_time_s": round(time.perf_counter() - t0, 2), "metrics": metrics, "eval_sets": eval_sets,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if accelerator.is_main_process:
@@ -248,11 +265,14 @@ def _match_cosine_temperature(module: CLIPTrainModule, loader) -> None:
 
 
 def format_results_table(results: dict[str, Any]) -> str:
-    """A small Markdown table of retrieval R@1/5/10 per direction."""
-    m = results.get("metrics") or {}
-    rows = ["| direction | R@1 | R@5 | R@10 | median rank |", "|---|---|---|---|---|"]
-    for name, label in (("image_to_text", "image→text"), ("text_to_image", "text→image")):
-        if f"{name}_R@1" in m:
-            rows.append(f"| {label} | {100 * m[f'{name}_R@1']:.2f} | {100 * m[f'{name}_R@5']:.2f} | "
-                        f"{100 * m[f'{name}_R@10']:.2f} | {m[f'{name}_median_rank']:.0f} |")
+    """A Markdown table of retrieval R@1/5/10 per evaluation set and direction, with chance R@1."""
+    sets = {"val": results.get("metrics") or {}, **(results.get("eval_sets") or {})}
+    rows = ["| data | direction | R@1 | R@5 | R@10 | median rank | chance R@1 | pairs |", "|---|---|---|---|---|---|---|---|"]
+    for data, m in sets.items():
+        for name, label in (("image_to_text", "image→text"), ("text_to_image", "text→image")):
+            if f"{name}_R@1" in m:
+                rows.append(f"| {data} | {label} | {100 * m[f'{name}_R@1']:.2f} | {100 * m[f'{name}_R@5']:.2f} | "
+                            f"{100 * m[f'{name}_R@10']:.2f} | {m[f'{name}_median_rank']:.0f} | "
+                            f"{100 * m['chance_R@1']:.2f} | {m['num_samples']} |")
+    rows.append("\nRecall in %; a hit is any item carrying the matching caption (identical captions count as one).")
     return "\n".join(rows)

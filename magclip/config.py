@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny-vit"            # open_clip name, configs/models/<name>.json, or a JSON path
+    name: str = "tiny-resnet"          # open_clip name, configs/models/<name>.json, or a JSON path
     pretrained: str | None = None     # local checkpoint path or open_clip pretrained tag
     lock_text: bool = False           # LiT-style: freeze the text tower
     lock_image: bool = False
@@ -45,7 +45,8 @@ class SyntheticConfig:
 @dataclass
 class DataConfig:
     train: str | None = None          # shard URLs (brace patterns, sources joined by '::'); None = synthetic
-    val: str | None = None
+    val: str | None = None            # validation shards: periodic validation and the final table
+    eval_sets: dict[str, str] = field(default_factory=dict)  # more named shard sets scored at the end
     train_weights: str | None = None  # per-source weights, '::'-separated
     num_samples: int | None = None    # samples per epoch (global); None = one pass over train
     resampled: bool = False
@@ -158,6 +159,10 @@ def from_dict(schema: type, raw: dict[str, Any], where: str = "") -> Any:
 def _coerce(kind: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(kind):
         return from_dict(kind, value, key + ".")
+    if typing.get_origin(kind) is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ConfigError(f"config key {key!r} must be a mapping of names to strings, got {value!r}")
+        return dict(value)
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union else (kind,)
     if value is None:
         if type(None) in options:
