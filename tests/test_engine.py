@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from magclip.clip_training import CLIPTrainModule, build_logit_scale, build_loss

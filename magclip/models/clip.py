@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 import magclip
+from magclip.io import atomic_write_bytes
 
 __all__ = [
     "CONFIG_DIR",
@@ -126,21 +126,6 @@ def resolve_config(cfg: Any) -> Any:
     return cfg
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temp file in the same folder + os.replace: readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _register_file(path: Path) -> str:
     """Register one JSON config (resolving placeholders) and return its model name."""
     name = path.stem
@@ -151,7 +136,7 @@ def _register_file(path: Path) -> str:
         target = _cache_dir() / path.name
         text = json.dumps(resolved, indent=2)
         if not target.is_file() or target.read_text() != text:
-            _atomic_write_bytes(target, text.encode())
+            atomic_write_bytes(target, text.encode())
     if _registered.get(name) != target:
         open_clip.add_model_config(target)
         _registered[name] = target
@@ -277,4 +262,4 @@ def save_checkpoint_for_open_clip(
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
-    _atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data)
