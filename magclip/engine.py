@@ -164,19 +164,32 @@ class Engine:
             else:
                 if steps_taken == 0 and started_at == 0:
                     raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
-                self.state.epoch += 1
-                self.state.batches_in_epoch = 0
+                self._next_epoch()
+                continue
+            if self.state.batches_in_epoch >= self.steps_per_epoch * self.cfg.accum_freq:
+                self._next_epoch()  # the last step was the epoch's last: that epoch is complete
         bar.close()
         self.save_checkpoint()
         return self.state
+
+    def _next_epoch(self) -> None:
+        self.state.epoch += 1
+        self.state.batches_in_epoch = 0
 
     def _steps_of_epoch(self) -> Iterator[list[dict]]:
         """Groups of `accum_freq` micro-batches from the current epoch, after the ones already consumed."""
         accum = self.cfg.accum_freq
         limit = self.steps_per_epoch * accum
         loader = iter(self.make_loader(self.state.epoch))
-        for _ in range(self.state.batches_in_epoch):  # resume inside an epoch: replay the data position
-            next(loader)                               # (its skips were counted before the checkpoint)
+        if self.state.batches_in_epoch:
+            # resume inside an epoch: replay the data position (its skips were counted before the
+            # checkpoint). With 0 loader workers the replayed batches' augmentations draw from the
+            # global RNGs just restored from the checkpoint: put them back, so that the next batch
+            # starts from the saved state as in an unbroken run.
+            rng = _get_rng_state()
+            for _ in range(self.state.batches_in_epoch):
+                next(loader)
+            _set_rng_state(rng)
         while self.state.batches_in_epoch < limit:
             group = list(itertools.islice(loader, accum))
             if len(group) < accum:
@@ -342,8 +355,7 @@ class Engine:
             "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
             "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
                      "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples)},
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            "rng": _get_rng_state(),
         }
 
     def _resolve_resume(self, resume: str) -> Path:
@@ -367,15 +379,22 @@ class Engine:
         loop = state["loop"]
         self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
                                samples_seen=loop["samples_seen"], skipped_samples=Counter(loop["skipped_samples"]))
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        _set_rng_state(state["rng"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batches_in_epoch)
 
+
+def _get_rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _batch_size(batch: dict) -> int:

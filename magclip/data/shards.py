@@ -8,7 +8,7 @@ One rank's pipeline, built from webdataset's own stages inside each loader worke
     read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards)
     shuffle      wds.shuffle buffer over raw bytes (cheap), seeded per rank/worker/pass
     decode       validate, decode, preprocess; bad samples are skipped and counted by reason
-    batch        wds.batched with the tokenizer as part of the collation
+    batch        batches without lookahead, the tokenizer as part of the collation
 
 Epoch length. With `num_samples`, every rank yields exactly `num_samples // (batch_size *
 world_size)` full batches: a worker whose shards run out starts another pass over them (open_clip's
@@ -299,6 +299,24 @@ def _collate(samples: list[dict[str, Any]], tokenizer: Callable, skips: _Skips) 
     }
 
 
+def _batched(samples: Iterable[dict[str, Any]], batch_size: int, collate: Callable,
+             partial: bool) -> Iterator[dict[str, Any]]:
+    """Batches yielded as soon as they are full.
+
+    wds.batched waits for the next sample before yielding a full batch; that one-sample lookahead
+    augments a sample before a checkpoint saves the RNG (breaking exact resume with workers=0) and
+    pulls the first sample of the next pass at an epoch's end (counting its skips twice).
+    """
+    batch: list[dict[str, Any]] = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == batch_size:
+            yield collate(batch)
+            batch = []
+    if batch and partial:
+        yield collate(batch)
+
+
 def _split_by_rank(src: Iterable[dict[str, Any]], rank: int, world_size: int) -> Iterator[dict[str, Any]]:
     """wds.split_by_node with an explicit rank, so it works before/without a process group."""
     return islice(src, rank, None, world_size)
@@ -375,8 +393,7 @@ class _RankStream(IterableDataset):
         skips = _Skips(self.log_first)
         keep_partial = self.num_batches is None and not self.drop_last
         collate = partial(_collate, tokenizer=self.tokenizer, skips=skips)
-        batches = wds.batched(self.batch_size, collation_fn=collate, partial=keep_partial)(
-            self._samples(worker, skips))
+        batches = _batched(self._samples(worker, skips), self.batch_size, collate, keep_partial)
         if self.num_batches is not None:  # this worker's share of the rank's batches
             share = self.num_batches // workers + (worker < self.num_batches % workers)
             batches = islice(batches, share)

@@ -1,0 +1,151 @@
+"""BEIR folders: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`), qrels/<split>.tsv.
+
+`load_beir(folder, split)` returns the corpus, the queries that have judgements in that split and
+the qrels, the way BEIR's `GenericDataLoader` does: qrels rows with score 0 are kept (they are
+judged non-relevant, which nDCG and MAP treat as such), and queries without any judgement in the
+split are dropped. `doc_text` joins title and text with one space, as BEIR's sentence-transformers
+wrapper and MTEB do ((title + " " + text).strip()).
+
+`beir_to_pairs` turns a split's qrels (normally `train`) into training pairs: one record per query
+with every relevant document (score >= `min_score`) as `positive` and optionally `random_negatives`
+documents drawn from the rest of the corpus as `negatives`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclass
+class BeirData:
+    name: str
+    corpus: dict[str, dict[str, str]]    # doc id -> {"title", "text"}
+    queries: dict[str, str]               # query id -> text (only queries judged in the split)
+    qrels: dict[str, dict[str, int]]      # query id -> {doc id: relevance}
+    split: str
+
+    def doc_ids(self) -> list[str]:
+        return list(self.corpus)
+
+    def doc_texts(self, ids: list[str] | None = None) -> list[str]:
+        return [doc_text(self.corpus[i]) for i in (ids if ids is not None else self.corpus)]
+
+    def subset(self, max_queries: int | None = None, max_docs: int | None = None, seed: int = 0) -> "BeirData":
+        """A smaller problem for quick checks: the first `max_queries` queries, every document they
+        judge, then other documents (in corpus order) up to `max_docs`. Not comparable to full-corpus numbers."""
+        qids = list(self.queries)[:max_queries] if max_queries else list(self.queries)
+        qrels = {q: self.qrels[q] for q in qids}
+        keep = {d for q in qids for d in qrels[q] if d in self.corpus}
+        if max_docs is not None:
+            for d in self.corpus:
+                if len(keep) >= max_docs:
+                    break
+                keep.add(d)
+        else:
+            keep = set(self.corpus)
+        corpus = {d: v for d, v in self.corpus.items() if d in keep}
+        return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split)
+
+
+def doc_text(doc: dict[str, str]) -> str:
+    return (doc.get("title", "") + " " + doc.get("text", "")).strip()
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: not a JSON line ({e})") from None
+
+
+def read_corpus(folder: str | Path) -> dict[str, dict[str, str]]:
+    corpus = {}
+    for row in read_jsonl(Path(folder) / "corpus.jsonl"):
+        corpus[str(row["_id"])] = {"title": row.get("title") or "", "text": row.get("text") or ""}
+    return corpus
+
+
+def read_queries(folder: str | Path) -> dict[str, str]:
+    return {str(row["_id"]): row.get("text") or "" for row in read_jsonl(Path(folder) / "queries.jsonl")}
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """query-id, corpus-id, score (tab separated, header line)."""
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(reader, None)
+        if header is None:
+            return qrels
+        if header[:2] != ["query-id", "corpus-id"]:  # no header: the first line is data
+            f.seek(0)
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for row in reader:
+            if not row:
+                continue
+            qid, did, score = row[0], row[1], int(float(row[2]))
+            qrels.setdefault(qid, {})[did] = score
+    return qrels
+
+
+def load_beir(folder: str | Path, split: str = "test") -> BeirData:
+    folder = Path(folder)
+    qrels_file = folder / "qrels" / f"{split}.tsv"
+    for needed in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
+        if not needed.is_file():
+            raise FileNotFoundError(f"{folder} is not a BEIR folder with split {split!r}: {needed} is missing")
+    corpus = read_corpus(folder)
+    all_queries = read_queries(folder)
+    qrels = read_qrels(qrels_file)
+    missing = [q for q in qrels if q not in all_queries]
+    if missing:
+        raise ValueError(f"{qrels_file}: {len(missing)} judged query ids are not in queries.jsonl, e.g. {missing[:3]}")
+    queries = {q: all_queries[q] for q in all_queries if q in qrels}
+    return BeirData(folder.name, corpus, queries, qrels, split)
+
+
+def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | None = None, *, min_score: int = 1,
+                  random_negatives: int = 0, seed: int = 0) -> list[dict[str, Any]]:
+    """Training records {query, positive: [..], negatives: [..], query_id, positive_ids} from a split's qrels.
+
+    Queries whose judged documents are all below `min_score` (or missing from the corpus) are left out
+    and counted in the printed summary. Written as JSONL to `out` when given.
+    """
+    data = load_beir(folder, split)
+    rng = random.Random(seed)
+    all_ids = list(data.corpus)
+    records, dropped = [], 0
+    for qid, text in data.queries.items():
+        pos_ids = [d for d, s in data.qrels[qid].items() if s >= min_score and d in data.corpus]
+        if not pos_ids or not text.strip():
+            dropped += 1
+            continue
+        judged = set(data.qrels[qid])
+        negs: list[str] = []
+        while len(negs) < random_negatives and len(judged) + len(negs) < len(all_ids):
+            d = rng.choice(all_ids)
+            if d not in judged and d not in negs:
+                negs.append(d)
+        records.append({"query": text, "positive": [doc_text(data.corpus[d]) for d in pos_ids],
+                        "negatives": [doc_text(data.corpus[d]) for d in negs],
+                        "query_id": qid, "positive_ids": pos_ids, "negative_ids": negs})
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        tmp.replace(out)
+    print(f"{data.name}/{split}: {len(records)} pair records ({dropped} queries without a usable positive left out)"
+          + (f" -> {out}" if out is not None else ""))
+    return records

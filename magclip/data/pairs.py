@@ -1,0 +1,215 @@
+"""Text pairs for retrieval training: records {query, positive, negatives} from JSONL or tar shards.
+
+Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file, a folder (every *.jsonl, *.jsonl.gz and
+*.tar in it, sorted), webdataset-style tar shards whose `KEY.json` members are records (brace
+patterns such as `pairs-{000000..000003}.tar` expand), or several of these joined by '::'.
+`positive` is a string or a list (one is drawn per epoch); `negatives` is an optional list of hard
+negatives. A record without a query or a positive, or a line that is not a JSON object, is skipped,
+counted by reason and reported; it never stops the run.
+
+`PairBatches` yields this rank's micro-batches of one epoch: a seeded permutation of all records
+(the same on every rank), cut into global batches of batch_size x world_size; rank r takes the r-th
+slice, so ranks never share a record within an epoch. Each record contributes its query and a group
+of `group_size` documents: one positive, then group_size - 1 negatives (drawn without replacement
+when it has enough, with replacement when it has fewer; a record with none gets positives of other
+records as random negatives; `PairBatches.negative_shortfall` counts those records). Batches are tokenized with the
+model's `tokenize(texts, side)` and flattened into `query_*` / `passage_*` tensors.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import random
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+log = logging.getLogger("magclip.data")
+
+
+@dataclass
+class PairRecord:
+    query: str
+    positives: list[str]
+    negatives: list[str] = field(default_factory=list)
+
+
+def _expand(source: str) -> list[Path]:
+    import braceexpand
+
+    paths: list[Path] = []
+    for part in source.split("::"):
+        part = part.strip()
+        if not part:
+            continue
+        for item in braceexpand.braceexpand(part):
+            p = Path(item)
+            if p.is_dir():
+                paths += sorted(x for x in p.iterdir() if x.name.endswith((".jsonl", ".jsonl.gz", ".tar")))
+            elif p.is_file():
+                paths.append(p)
+            else:
+                raise FileNotFoundError(f"pair source {item!r} does not exist")
+    if not paths:
+        raise FileNotFoundError(f"no pair files found in {source!r}")
+    return paths
+
+
+def _rows(path: Path) -> Iterator[Any]:
+    if path.name.endswith(".tar"):
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(".json"):
+                    data = tar.extractfile(member).read()
+                    try:
+                        yield json.loads(data)
+                    except (json.JSONDecodeError, UnicodeDecodeError):
+                        yield None
+        return
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                yield None
+
+
+def parse_record(row: Any) -> tuple[PairRecord | None, str | None]:
+    """(record, None) or (None, skip reason)."""
+    if not isinstance(row, dict):
+        return None, "bad_row"
+    query = row.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return None, "empty_query"
+    pos = row.get("positive", row.get("positives"))
+    positives = [pos] if isinstance(pos, str) else [p for p in (pos or []) if isinstance(p, str)]
+    positives = [p for p in positives if p.strip()]
+    if not positives:
+        return None, "no_positive"
+    negatives = [n for n in (row.get("negatives") or []) if isinstance(n, str) and n.strip()]
+    return PairRecord(query, positives, negatives), None
+
+
+def read_pairs(source: str | Path, max_records: int | None = None) -> tuple[list[PairRecord], Counter]:
+    """All usable records of `source` (see module docstring) and the skip counts by reason."""
+    records: list[PairRecord] = []
+    skipped: Counter = Counter()
+    for path in _expand(str(source)):
+        for row in _rows(path):
+            record, reason = parse_record(row)
+            if record is None:
+                skipped[reason] += 1
+                continue
+            records.append(record)
+            if max_records is not None and len(records) >= max_records:
+                return records, skipped
+    if skipped:
+        log.warning("%s: skipped %d records %s", source, sum(skipped.values()), dict(skipped))
+    return records, skipped
+
+
+def records_from_dicts(rows: list[dict[str, Any]]) -> tuple[list[PairRecord], Counter]:
+    records, skipped = [], Counter()
+    for row in rows:
+        record, reason = parse_record(row)
+        if record is None:
+            skipped[reason] += 1
+        else:
+            records.append(record)
+    return records, skipped
+
+
+def write_pairs_shards(rows: list[dict[str, Any]], out_dir: str | Path, shard_size: int = 1000,
+                       prefix: str = "pairs") -> list[Path]:
+    """Write records as tar shards of KEY.json members (the shard layout `read_pairs` reads)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(0, max(len(rows), 1), shard_size):
+        path = out / f"{prefix}-{s // shard_size:06d}.tar"
+        tmp = path.with_name(path.name + ".tmp")
+        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i, row in enumerate(rows[s:s + shard_size], start=s):
+                data = json.dumps(row, ensure_ascii=False).encode("utf-8")
+                info = tarfile.TarInfo(f"{i:09d}.json")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+class PairBatches:
+    """This rank's micro-batches of one epoch (iterate once per epoch; see module docstring)."""
+
+    def __init__(self, records: list[PairRecord], tokenize: Callable[[list[str], str], dict[str, torch.Tensor]],
+                 batch_size: int, group_size: int = 1, *, epoch: int = 0, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, skipped: Counter | None = None):
+        if batch_size < 1 or group_size < 1:
+            raise ValueError("batch_size and group_size must be >= 1")
+        self.records = records
+        self.tokenize = tokenize
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.epoch, self.seed, self.rank, self.world_size = epoch, seed, rank, world_size
+        self.num_batches = len(records) // (batch_size * world_size)
+        # read-time skips, reported once (rank 0, first batch of epoch 0) so the engine's counts include them
+        self._skipped_once = dict(skipped or {}) if rank == 0 else {}
+        need = group_size - 1
+        self.negative_shortfall = {
+            "fewer_than_needed": sum(1 for r in records if 0 < len(r.negatives) < need),
+            "none_random_fill": sum(1 for r in records if need > 0 and not r.negatives)}
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(len(self.records), generator=g).tolist()
+        global_batch = self.batch_size * self.world_size
+        for t in range(self.num_batches):
+            start = t * global_batch + self.rank * self.batch_size
+            idx = order[start:start + self.batch_size]
+            yield self.collate(idx, first=(t == 0))
+
+    def collate(self, idx: list[int], first: bool = False) -> dict[str, Any]:
+        rng = random.Random(hash((self.seed, self.epoch, idx[0], len(idx))) & 0xFFFFFFFF)
+        queries, docs = [], []
+        for i in idx:
+            r = self.records[i]
+            queries.append(r.query)
+            docs.append(rng.choice(r.positives))
+            need = self.group_size - 1
+            if need == 0:
+                continue
+            if len(r.negatives) >= need:
+                docs += rng.sample(r.negatives, need)
+            elif r.negatives:
+                docs += [rng.choice(r.negatives) for _ in range(need)]
+            else:
+                for _ in range(need):
+                    other = self.records[rng.randrange(len(self.records))]
+                    docs.append(rng.choice(other.positives))
+        batch: dict[str, Any] = {}
+        for side, texts in (("query", queries), ("passage", docs)):
+            for k, v in self.tokenize(texts, side).items():
+                batch[f"{side}_{k}"] = v
+        batch["keys"] = [str(i) for i in idx]
+        batch["skipped"] = dict(self._skipped_once) if first and self.epoch == 0 else {}
+        return batch
+
+
+def split_batch(batch: dict[str, Any], side: str) -> dict[str, torch.Tensor]:
+    """The tokenized tensors of one side, with the side prefix removed from the keys."""
+    prefix = f"{side}_"
+    return {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}

@@ -1,0 +1,457 @@
+"""Text retrieval: bi-encoder fine-tuning through the shared engine, and BEIR / STS evaluation.
+
+`train_text(cfg)` is the whole job: read pairs (JSONL/shards, or a BEIR folder's train qrels
+converted on the fly), build the bi-encoder + RetrievalLoss + logit scale, train with the engine,
+evaluate on the configured BEIR folders / STS files with the run's own Scorer, and write
+`results.json`. Each checkpoint holds `model/`, a folder that `BiEncoder.from_pretrained` and
+`sentence_transformers.SentenceTransformer` both load (magclip_text.json inside records the mode
+and exponents).
+
+`evaluate_beir_folders` / `evaluate_sts_files` are what eval/beir.py and eval/sts.py call.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from magclip.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from magclip.data.beir import BeirData, beir_to_pairs, load_beir
+from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
+from magclip.io import atomic_write_json
+from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval
+from magclip.metrics.sts import STSData, evaluate_sts, read_sts
+from magclip.models.text import POOLINGS, BiEncoder
+from magclip.retrieval_loss import RetrievalLoss
+from magclip.similarity import MODES, Scorer
+from magclip.temperature import LogitScale, scale_matching_cosine
+
+log = logging.getLogger("magclip.text")
+
+TEXT_COSINE_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale (temperature 0.05)
+
+
+# ---------------------------------------------------------------------------- config
+@dataclass
+class TextModelConfig:
+    name: str = "minilm"                   # 'minilm', a local folder, 'pkg:module/sub' or a hub name
+    pooling: str | None = None             # mean / cls / last; None: the folder's own (mean for plain HF)
+    query_prefix: str | None = None        # None: the folder's own prompts ('' for plain HF)
+    passage_prefix: str | None = None
+    query_max_length: int | None = 64
+    passage_max_length: int | None = 256
+    shared: bool = True                    # one tower for both sides; false copies it into two
+    grad_checkpointing: bool = False
+
+
+@dataclass
+class TextDataConfig:
+    train: str | None = None               # pairs: .jsonl[.gz], folder, tar shards (brace patterns, '::')
+    beir: str | None = None                # or a BEIR folder whose `beir_split` qrels become pairs
+    beir_split: str = "train"
+    random_negatives: int = 0              # BEIR conversion: random corpus negatives per query
+    max_records: int | None = None         # use only the first N records (quick runs)
+    group_size: int = 1                    # documents per query: 1 positive + group_size-1 hard negatives
+
+
+@dataclass
+class TextLossConfig:
+    mode: str = "cosine"
+    gamma_q: float | None = None           # 'learnable': initial exponents; 'fixed': the exponents
+    gamma_d: float | None = None
+    doc_to_query: bool = False             # add the positive-document -> query term
+    q2d_weight: float = 1.0
+    d2q_weight: float = 1.0
+    local_loss: bool = True
+    gather_with_grad: bool = True
+    logit_scale_init: float | None = None  # None: 20 for cosine, 1 for modes with a raw side
+    logit_scale_learnable: bool | None = None
+    logit_scale_max: float | None = None
+    logit_scale_from_norms: bool = False   # start at cosine's effective temperature (cosine_scale) on batch 1
+    cosine_scale: float = TEXT_COSINE_SCALE
+
+
+@dataclass
+class TextEvalConfig:
+    beir: dict[str, str] = field(default_factory=dict)   # name -> BEIR folder
+    sts: dict[str, str] = field(default_factory=dict)    # name -> STS TSV
+    split: str = "test"
+    max_queries: int | None = None          # evaluate on a subset (quick runs; not comparable to full numbers)
+    max_docs: int | None = None
+    batch_size: int = 64
+    backend: str = "auto"                   # search: auto / torch / faiss
+    at_start: bool = False                  # also evaluate the model before training (zero-shot)
+
+
+@dataclass
+class TextRunConfig:
+    name: str = "text"
+    output_dir: str = "runs"
+    overwrite: bool = False
+    model: TextModelConfig = field(default_factory=TextModelConfig)
+    data: TextDataConfig = field(default_factory=TextDataConfig)
+    loss: TextLossConfig = field(default_factory=TextLossConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=32, lr=2e-5, weight_decay=0.01,
+                                                                    warmup_steps=10))
+    eval: TextEvalConfig = field(default_factory=TextEvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+def load_text_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TextRunConfig:
+    cfg = load_config(path, overrides, schema=TextRunConfig)
+    validate_text_config(cfg)
+    return cfg
+
+
+def validate_text_config(cfg: TextRunConfig) -> None:
+    if cfg.loss.mode not in MODES:
+        raise ConfigError(f"loss.mode={cfg.loss.mode!r} is not a scoring mode; allowed: {', '.join(MODES)}")
+    if cfg.model.pooling is not None and cfg.model.pooling not in POOLINGS:
+        raise ConfigError(f"model.pooling={cfg.model.pooling!r}; allowed: {', '.join(POOLINGS)} or null")
+    if (cfg.data.train is None) == (cfg.data.beir is None):
+        raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
+    if cfg.eval.backend not in ("auto", "torch", "faiss"):
+        raise ConfigError(f"eval.backend={cfg.eval.backend!r}; allowed: auto, torch, faiss")
+    checks = {"data.group_size": cfg.data.group_size, "train.batch_size": cfg.train.batch_size,
+              "train.epochs": cfg.train.epochs, "train.accum_freq": cfg.train.accum_freq,
+              "train.log_every": cfg.train.log_every, "eval.batch_size": cfg.eval.batch_size}
+    for key, value in checks.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    if cfg.train.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0, got {cfg.train.lr}")
+    if cfg.train.precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"train.precision={cfg.train.precision!r}; allowed: fp32, bf16, fp16")
+    if cfg.train.resume not in (None, "latest") and not Path(cfg.train.resume).exists():
+        raise ConfigError(f"train.resume={cfg.train.resume!r}: no such checkpoint (use 'latest' or a path)")
+    try:
+        build_scorer(cfg.loss)
+    except ValueError as e:
+        raise ConfigError(f"loss: {e}") from None
+
+
+# ---------------------------------------------------------------------------- model + loss
+def build_scorer(cfg: TextLossConfig) -> Scorer:
+    return Scorer(cfg.mode, cfg.gamma_q, cfg.gamma_d)
+
+
+def build_logit_scale(cfg: TextLossConfig) -> LogitScale:
+    """20 (learnable, max 100) for cosine, like sentence-transformers' MNRL; the raw modes' defaults otherwise."""
+    if cfg.mode == "cosine":
+        init = TEXT_COSINE_SCALE if cfg.logit_scale_init is None else cfg.logit_scale_init
+        return LogitScale.for_mode("cosine", init, cfg.logit_scale_learnable, cfg.logit_scale_max)
+    return LogitScale.for_mode(cfg.mode, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max)
+
+
+def load_encoder(cfg: TextModelConfig) -> BiEncoder:
+    enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
+                                    passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
+                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared)
+    if cfg.grad_checkpointing:
+        for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
+            tower.gradient_checkpointing_enable()
+    return enc
+
+
+class TextTrainModule(nn.Module):
+    """Bi-encoder + logit scale + RetrievalLoss; forward encodes a batch, `compute_loss` scores it."""
+
+    feature_names = ("query", "passage")
+
+    def __init__(self, encoder: BiEncoder, loss: RetrievalLoss, logit_scale: LogitScale):
+        super().__init__()
+        self.encoder = encoder
+        self.loss = loss
+        self.logit_scale = logit_scale
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(split_batch(batch, "query"), split_batch(batch, "passage"))
+
+    def compute_loss(self, queries: torch.Tensor, docs: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.loss(queries, docs, self.logit_scale())
+
+    def project_(self) -> None:
+        self.logit_scale.project_()
+        self.loss.project_()
+
+    def loss_parameters(self) -> list[nn.Parameter]:
+        return [*self.logit_scale.parameters(), *self.loss.parameters()]
+
+    def log_state(self) -> dict[str, float]:
+        s = self.loss.scorer
+        return {"logit_scale": self.logit_scale.value, "gamma_q": s.gamma_q, "gamma_d": s.gamma_d}
+
+
+# ---------------------------------------------------------------------------- evaluation
+def _encoder_fn(model: BiEncoder, batch_size: int, device, progress: bool = False):
+    def encode(texts: list[str], side: str) -> torch.Tensor:
+        return model.encode(texts, side, batch_size=batch_size, device=device, progress=progress)
+    return encode
+
+
+def same_sides(model: BiEncoder) -> bool:
+    s = model.settings
+    return s.shared and s.query_prefix == s.passage_prefix and s.query_max_length == s.passage_max_length
+
+
+def evaluate_beir_data(model: BiEncoder, data: BeirData, scorer: Scorer | str, *, batch_size: int = 64,
+                       device=None, backend: str = "auto", metrics: Sequence[str] = DEFAULT_METRICS,
+                       ignore_identical_ids: bool = True, progress: bool = False) -> dict[str, Any]:
+    corpus_texts = dict(zip(data.corpus, data.doc_texts()))
+    return evaluate_retrieval(_encoder_fn(model, batch_size, device, progress), data.queries, corpus_texts, data.qrels,
+                              scorer, metrics=metrics, ignore_identical_ids=ignore_identical_ids, backend=backend)
+
+
+def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], scorers: Sequence[Scorer | str],
+                          *, split: str = "test", batch_size: int = 64, device=None, backend: str = "auto",
+                          max_queries: int | None = None, max_docs: int | None = None,
+                          metrics: Sequence[str] = DEFAULT_METRICS, ignore_identical_ids: bool = True,
+                          progress: bool = False) -> dict[str, dict[str, Any]]:
+    """{folder name: metrics of the first scorer (+ "modes": {mode: metrics} when several)}.
+
+    Documents and queries are encoded once per folder; every scorer searches the same vectors.
+    """
+    scorers = [Scorer.build(s) for s in scorers]
+    results: dict[str, dict[str, Any]] = {}
+    for folder in folders:
+        data = load_beir(folder, split)
+        if max_queries or max_docs:
+            data = data.subset(max_queries, max_docs)
+        t0 = time.perf_counter()
+        cache: dict[str, torch.Tensor] = {}
+        base = _encoder_fn(model, batch_size, device, progress)
+
+        def encode(texts: list[str], side: str, _cache=cache, _base=base) -> torch.Tensor:
+            if side not in _cache:
+                _cache[side] = _base(texts, side)
+            return _cache[side]
+
+        by_mode = {}
+        corpus_texts = dict(zip(data.corpus, data.doc_texts()))
+        for scorer in scorers:
+            m = evaluate_retrieval(encode, data.queries, corpus_texts, data.qrels, scorer, metrics=metrics,
+                                   ignore_identical_ids=ignore_identical_ids, backend=backend)
+            m.update({"split": split, "subset": bool(max_queries or max_docs)})
+            by_mode[_scorer_label(scorer)] = m
+        entry = dict(next(iter(by_mode.values())))
+        if len(by_mode) > 1:
+            entry["modes"] = by_mode
+        entry["wall_s"] = round(time.perf_counter() - t0, 2)
+        results[data.name] = entry
+    return results
+
+
+def sts_path(path: str | Path, split: str = "test") -> tuple[str, Path]:
+    """(name, TSV file): a folder means <folder>/<split>.tsv, named after the folder."""
+    p = Path(path)
+    if p.is_dir():
+        f = p / f"{split}.tsv"
+        if not f.is_file():
+            raise FileNotFoundError(f"{p} has no {split}.tsv")
+        return p.name, f
+    return p.stem, p
+
+
+def evaluate_sts_files(model: BiEncoder, paths: Sequence[str | Path], scorers: Sequence[Scorer | str], *,
+                       split: str = "test", batch_size: int = 64, device=None,
+                       progress: bool = False) -> dict[str, dict[str, Any]]:
+    """{dataset name: correlations of the first scorer (+ "modes" when several)}; sentences encoded once."""
+    scorers = [Scorer.build(s) for s in scorers]
+    results: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        name, file = sts_path(path, split)
+        data: STSData = read_sts(file, name)
+        t0 = time.perf_counter()
+        cache: dict[tuple[int, str], torch.Tensor] = {}
+        base = _encoder_fn(model, batch_size, device, progress)
+
+        def encode(texts: list[str], side: str, _cache=cache, _base=base) -> torch.Tensor:
+            key = (id(texts), side)
+            if key not in _cache:
+                _cache[key] = _base(texts, side)
+            return _cache[key]
+
+        by_mode = {}
+        for scorer in scorers:
+            m = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
+            m["split"] = split if Path(path).is_dir() else file.name
+            by_mode[_scorer_label(scorer)] = m
+        entry = dict(next(iter(by_mode.values())))
+        if len(by_mode) > 1:
+            entry["modes"] = by_mode
+        entry["wall_s"] = round(time.perf_counter() - t0, 2)
+        results[name] = entry
+    return results
+
+
+def _scorer_label(scorer: Scorer) -> str:
+    if scorer.mode in ("fixed", "learnable"):
+        return f"{scorer.mode}({scorer.gamma_q:.3g},{scorer.gamma_d:.3g})"
+    return scorer.mode
+
+
+def format_beir_table(results: dict[str, dict[str, Any]]) -> str:
+    rows = ["| data | mode | nDCG@10 | MRR@10 | R@100 | MAP@100 | queries | docs |", "|---|---|---|---|---|---|---|---|"]
+    for name, entry in results.items():
+        for label, m in (entry.get("modes") or {_scorer_label(Scorer.build(entry["scorer"])): entry}).items():
+            rows.append(f"| {name} | {label} | {100 * m['ndcg@10']:.2f} | {100 * m['mrr@10']:.2f} | "
+                        f"{100 * m['recall@100']:.2f} | {100 * m['map@100']:.2f} | {m['queries']} | {m['docs']} |")
+    return "\n".join(rows)
+
+
+def format_sts_table(results: dict[str, dict[str, Any]]) -> str:
+    rows = ["| data | mode | Spearman s(a,b) | Spearman s(b,a) | Spearman mean | Pearson mean | pairs |",
+            "|---|---|---|---|---|---|---|"]
+    for name, entry in results.items():
+        for label, m in (entry.get("modes") or {_scorer_label(Scorer.build(entry["scorer"])): entry}).items():
+            rows.append(f"| {name} | {label} | {100 * m['spearman_ab']:.2f} | {100 * m['spearman_ba']:.2f} | "
+                        f"{100 * m['spearman']:.2f} | {100 * m['pearson']:.2f} | {m['pairs']} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------- training
+def prepare_run_dir(cfg: TextRunConfig, is_main: bool) -> Path:
+    run_dir = cfg.run_dir
+    if cfg.train.resume is None and run_dir.exists() and any(run_dir.iterdir()):
+        if not cfg.overwrite:
+            raise FileExistsError(f"run directory {run_dir} already holds a run; pass overwrite=true to replace it, "
+                                  "train.resume=latest to continue it, or another name=")
+        if is_main:
+            shutil.rmtree(run_dir)
+    return run_dir
+
+
+def load_records(cfg: TextDataConfig):
+    if cfg.train is not None:
+        return read_pairs(cfg.train, cfg.max_records)
+    rows = beir_to_pairs(cfg.beir, cfg.beir_split, random_negatives=cfg.random_negatives)
+    if cfg.max_records is not None:
+        rows = rows[:cfg.max_records]
+    return records_from_dicts(rows)
+
+
+def train_text(cfg: TextRunConfig) -> dict[str, Any]:
+    """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
+    from magclip.engine import Engine, make_accelerator
+
+    t0 = time.perf_counter()
+    accelerator = make_accelerator(cfg.train, cfg.run_dir)
+    run_dir = prepare_run_dir(cfg, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
+    torch.manual_seed(cfg.train.seed)
+    records, read_skips = load_records(cfg.data)
+    encoder = load_encoder(cfg.model)
+    loss = RetrievalLoss(build_scorer(cfg.loss), cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
+                         cfg.loss.d2q_weight, local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
+    module = TextTrainModule(encoder, loss, build_logit_scale(cfg.loss)).to(accelerator.device)
+
+    def make_loader(epoch: int) -> PairBatches:
+        return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
+                           seed=cfg.train.seed, rank=accelerator.process_index, world_size=accelerator.num_processes,
+                           skipped=read_skips)
+
+    first = make_loader(0)
+    steps_per_epoch = first.num_batches // cfg.train.accum_freq
+    if any(first.negative_shortfall.values()) and cfg.data.group_size > 1:
+        log.warning("records short of %d hard negatives: %s (sampled with replacement / random positives)",
+                    cfg.data.group_size - 1, first.negative_shortfall)
+    if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
+        _match_cosine_temperature(module, first, cfg.loss.cosine_scale)
+
+    beir_sets: dict[str, BeirData] = {}
+    if accelerator.is_main_process:
+        for name, folder in cfg.eval.beir.items():
+            data = load_beir(folder, cfg.eval.split)
+            if cfg.eval.max_queries or cfg.eval.max_docs:
+                data = data.subset(cfg.eval.max_queries, cfg.eval.max_docs)
+            beir_sets[name] = data
+    sts_sets = {name: read_sts(sts_path(p, cfg.eval.split)[1], name) for name, p in cfg.eval.sts.items()}
+
+    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        scorer = m.loss.scorer
+        for name, data in beir_sets.items():
+            r = evaluate_beir_data(m.encoder, data, scorer, batch_size=cfg.eval.batch_size, device=accelerator.device,
+                                   backend=cfg.eval.backend)
+            out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        for name, data in sts_sets.items():
+            enc = _encoder_fn(m.encoder, cfg.eval.batch_size, accelerator.device)
+            r = evaluate_sts(enc, data, scorer, same_sides=same_sides(m.encoder))
+            out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        return out
+
+    def save_model(m: TextTrainModule, path: Path) -> None:
+        m.encoder.save_pretrained(path.parent / "model", scorer=m.loss.scorer.to_dict(),
+                                  logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
+
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+    zero_shot: dict[str, float] = {}
+    if cfg.eval.at_start and accelerator.is_main_process and cfg.train.resume is None:
+        module.eval()
+        with torch.no_grad():
+            zero_shot = evaluate(module, 0)
+    accelerator.wait_for_everyone()
+    engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
+                    evaluate if (beir_sets or sts_sets) else None)
+    try:
+        state = engine.fit()
+        metrics = engine.run_evaluation()
+        skipped = engine.reduce_counts(state.skipped_samples)
+    finally:
+        engine.close()
+    final = engine.unwrapped
+    ckpt = engine.ckpt_dir / (engine.ckpt_dir / "latest").read_text().strip() if (engine.ckpt_dir / "latest").exists() \
+        else engine.ckpt_dir
+    results = {
+        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
+        "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
+        "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
+        "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
+        "doc_to_query": cfg.loss.doc_to_query, "steps": state.step, "epochs_completed": state.epoch,
+        "samples_seen_per_rank": state.samples_seen, "world_size": accelerator.num_processes,
+        "skipped_samples": dict(skipped), "wall_time_s": round(time.perf_counter() - t0, 2),
+        "zero_shot": zero_shot, "metrics": metrics,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if accelerator.is_main_process:
+        atomic_write_json(run_dir / "results.json", results)
+    accelerator.wait_for_everyone()
+    return results
+
+
+@torch.no_grad()
+def _match_cosine_temperature(module: TextTrainModule, loader: PairBatches, cosine_scale: float) -> None:
+    batch = next(iter(loader))
+    q, d = module(batch)
+    scale = scale_matching_cosine(module.loss.scorer, q, d, cosine_scale)
+    if module.logit_scale.max_scale is not None:
+        scale = min(scale, module.logit_scale.max_scale)
+    module.logit_scale.set_(scale)
+    log.info("logit scale set from initial norms: %.4f (cosine-equivalent %.1f)", scale, cosine_scale)
+
+
+def format_train_table(results: dict[str, Any]) -> str:
+    rows = ["| metric | zero-shot | fine-tuned |", "|---|---|---|"]
+    zs, ft = results.get("zero_shot") or {}, results.get("metrics") or {}
+    keys = [k for k in ft if k.split("/")[-1] in ("ndcg@10", "mrr@10", "recall@100", "map@100", "spearman")]
+    for k in keys:
+        z = f"{100 * zs[k]:.2f}" if k in zs else "-"
+        rows.append(f"| {k} | {z} | {100 * ft[k]:.2f} |")
+    return "\n".join(rows)
+
+
+__all__ = ["TextRunConfig", "TextTrainModule", "train_text", "load_text_config", "evaluate_beir_folders",
+           "evaluate_sts_files", "format_beir_table", "format_sts_table"]

@@ -1,0 +1,822 @@
+"""Zero-shot evaluation scored with the evaluated model's own Scorer: retrieval and classification.
+
+Why not open_clip's zero-shot code or CLIP_benchmark: both L2-normalise images and texts and
+multiply by a fixed 100, i.e. they score every model as cosine. A dot/QNorm/DNorm/learnable
+model ranks by a different score, so here every score comes from `Scorer` (`magclip.similarity`):
+the one per direction that the checkpoint recorded in `magclip.json` (a direction the run did not
+train uses the trained one's score, transposed, as in `clip_training.eval_scorers`), or the one
+given with `mode=`.
+
+Retrieval. Image->text and text->image R@1/5/10, mean and median rank (`magclip.metrics.retrieval`),
+with caption identity as relevance: a retrieved item is a hit when it carries the query's caption,
+so duplicate captions (two art styles of one emoji) count as one. With unique captions this is
+exactly open_clip's `get_clip_metrics` in cosine mode.
+
+Classification. Images are the queries, class prototypes the documents, so the i2t Scorer scores
+them. Class names x prompt templates are encoded raw, then reduced to one prototype per class in
+the Scorer's *prepared document space* (`class_prototypes`), and an image's scores are
+`prepare_queries(image) @ prototypes.T`:
+
+- gamma_d == 1 (cosine, dnorm, or a learnable run that ended at gamma_d = 1): documents carry no
+  magnitude by construction, so the prototype is open_clip's `build_zero_shot_classifier`:
+  L2-normalise each template embedding, average, L2-normalise again. In cosine mode the result
+  equals open_clip's classifier (tests check it).
+- gamma_d < 1 (qnorm, dot, learnable): the document's magnitude is part of the score the model
+  was trained with, so renormalising would throw away what is evaluated. The prototype is the mean
+  of the *prepared* template embeddings, `mean_t prepare_docs(d_t)`. By linearity its score is the
+  mean of the per-template scores, `s(q, proto) = mean_t s(q, d_t)` (any gamma_q), and with a
+  single template it is exactly `prepare_docs(d)`: the class keeps the mean magnitude its texts
+  have under the model's own exponent.
+
+Metrics: top-1, top-5 accuracy and mean per-class recall (balanced accuracy over the classes that
+occur in the data), over all samples and again without the samples of chosen class groups (e.g.
+the emoji Flags category); the candidate set is always every class.
+
+Data: webdataset shards read in order, one process. A sample is KEY.{jpg,jpeg,png,webp} +
+KEY.txt (caption, needed for retrieval) + a label for classification: KEY.cls (an integer index
+or a class key) or a field of KEY.json (`label_field`). Undecodable images and corrupt tars are
+skipped and counted (reported in `counts.skipped` and as a warning in the results); a missing
+shard, a shard without captions when retrieval is asked, a sample without a label, or a label that
+the class list does not hold is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import webdataset as wds
+from torch import Tensor
+
+import magclip
+from magclip.clip_training import CHECKPOINT_META, chance_recall_at_1, eval_scorers
+from magclip.data.shards import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    IMAGE_EXTS,
+    _check_exist,
+    _tar_files,
+    expand_sources,
+    load_image,
+)
+from magclip.io import atomic_write_json, publish_dir
+from magclip.losses import CLIPLoss
+from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
+from magclip.models.clip import RawCLIP, create_clip
+from magclip.similarity import FIXED_MODES, Scorer, check_mode
+
+log = logging.getLogger("magclip.zeroshot")
+
+TASKS = ("retrieval", "classification")
+TEMPLATE_PRESETS = ("identity", "simple", "openai")
+
+# The emoji benchmark (../shared/data/emoji, see its README): split -> (domain, concept group).
+EMOJI_SPLITS: dict[str, tuple[str, str]] = {
+    "train": ("in-domain", "seen"),
+    "id_novel": ("in-domain", "novel"),
+    "id_heldcat": ("in-domain", "heldcat"),
+    "ood_seen": ("out-of-domain", "seen"),
+    "ood_novel": ("out-of-domain", "novel"),
+    "ood_heldcat": ("out-of-domain", "heldcat"),
+}
+EMOJI_EXCLUDE_GROUPS = ("Flags",)
+
+
+# ============================================================================ model and scorers
+
+
+@dataclass
+class EvalModel:
+    """What is evaluated: a raw-feature open_clip model, its transforms, and a Scorer per direction."""
+
+    clip: RawCLIP
+    preprocess: Callable
+    tokenizer: Callable
+    model_name: str
+    scorers: dict[str, Scorer]  # "i2t" and "t2i"
+    source: dict[str, Any] = field(default_factory=dict)  # checkpoint / pretrained / logit_scale
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint step folder (holding model.pt and magclip.json) for a step folder, its
+    model.pt, a run folder (follows checkpoints/latest) or a checkpoints folder (follows latest)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint not found: {p}")
+    if p.is_file():
+        return p.parent
+    if (p / "model.pt").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            if not (target / "model.pt").is_file():
+                raise FileNotFoundError(f"{pointer} points at {target}, which has no model.pt")
+            return target
+    raise FileNotFoundError(
+        f"no checkpoint in {p}: expected a step folder with model.pt, a run folder with "
+        "checkpoints/latest, or a model.pt file")
+
+
+def read_checkpoint_meta(step_dir: Path) -> dict[str, Any]:
+    meta_path = step_dir / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{meta_path} not found: a magclip checkpoint records its model name and scorers there. "
+            "For a plain open_clip checkpoint use --model NAME --pretrained PATH --mode MODE")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exn:
+        raise ValueError(f"{meta_path} is not valid JSON: {exn}") from exn
+    for key in ("model", "scorers"):
+        if key not in meta:
+            raise ValueError(f"{meta_path} has no {key!r} entry (keys: {sorted(meta)})")
+    return meta
+
+
+def scorers_from_meta(scorers: Mapping[str, Mapping[str, Any]], where: str = "checkpoint") -> dict[str, Scorer]:
+    """Frozen Scorers for both directions from a checkpoint's `scorers` record.
+
+    Each direction gets exactly its recorded mode and exponents (a learnable one keeps its trained
+    gamma_q/gamma_d, frozen); a direction the run did not train uses the other one transposed
+    (`clip_training.eval_scorers`)."""
+    unknown = set(scorers) - {"i2t", "t2i"}
+    if unknown or not scorers:
+        raise ValueError(f"{where}: scorers must hold 'i2t' and/or 't2i', got {sorted(scorers)}")
+    specs, weights = {}, {}
+    for direction, rec in scorers.items():
+        try:
+            specs[direction] = Scorer.build({k: rec[k] for k in ("mode", "gamma_q", "gamma_d") if k in rec})
+        except (ValueError, TypeError) as exn:
+            raise ValueError(f"{where}: bad scorer for {direction}: {exn}") from exn
+        weights[direction] = float(rec.get("weight", 1.0))
+    if sum(weights.values()) <= 0:  # weights only matter to the loss; keep CLIPLoss's check happy
+        weights = {d: 1.0 for d in weights}
+    loss = CLIPLoss(specs.get("i2t"), specs.get("t2i"), weights.get("i2t", 1.0), weights.get("t2i", 1.0))
+    out = eval_scorers(loss)
+    for s in out.values():
+        s.requires_grad_(False)
+    return {"i2t": out["i2t"], "t2i": out["t2i"]}
+
+
+def scorers_for_mode(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> dict[str, Scorer]:
+    """The same Scorer for both directions (the `--mode` override). 'fixed' and 'learnable' need
+    both exponents (evaluation trains nothing: a learnable scorer is frozen at the given point)."""
+    check_mode(mode)
+    if mode in ("fixed", "learnable") and (gamma_q is None or gamma_d is None):
+        raise ValueError(f"mode {mode!r} needs both gamma_q and gamma_d for evaluation")
+    if mode in FIXED_MODES and (gamma_q is not None or gamma_d is not None):
+        raise ValueError(f"mode {mode!r} fixes the exponents; gamma_q/gamma_d only go with 'fixed' or 'learnable'")
+    out = {d: Scorer(mode, gamma_q, gamma_d) for d in ("i2t", "t2i")}
+    for s in out.values():
+        s.requires_grad_(False)
+    return out
+
+
+def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float | None = None,
+                    gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
+    """A magclip checkpoint (step folder, its model.pt, or a run folder) with its own Scorers;
+    `mode` (with gamma_q/gamma_d for fixed/learnable) overrides both directions."""
+    step_dir = resolve_checkpoint(path)
+    meta = read_checkpoint_meta(step_dir)
+    meta_path = step_dir / CHECKPOINT_META
+    scorers = (scorers_for_mode(mode, gamma_q, gamma_d) if mode is not None
+               else scorers_from_meta(meta["scorers"], where=str(meta_path)))
+    weights = Path(path) if Path(path).is_file() else step_dir / "model.pt"
+    if not weights.is_file():
+        raise FileNotFoundError(f"checkpoint weights not found: {weights}")
+    bundle = create_clip(meta["model"], str(weights), device=device)
+    bundle.model.eval()
+    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
+                     {"checkpoint": str(step_dir), "pretrained": str(weights), "logit_scale": meta.get("logit_scale"),
+                      "scorers_from": "--mode" if mode is not None else str(meta_path)})
+
+
+def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", gamma_q: float | None = None,
+                   gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
+    """A plain open_clip model (name + pretrained tag or local file, or random init with None)."""
+    looks_like_file = pretrained is not None and ("/" in pretrained or pretrained.endswith((".pt", ".bin", ".safetensors")))
+    if looks_like_file and not Path(pretrained).is_file():  # a tag has neither; open_clip would try to download
+        raise FileNotFoundError(f"pretrained weights not found: {pretrained}")
+    scorers = scorers_for_mode(mode, gamma_q, gamma_d)
+    bundle = create_clip(model, pretrained, device=device)
+    bundle.model.eval()
+    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
+                     {"checkpoint": None, "pretrained": pretrained, "scorers_from": "--mode"})
+
+
+# ============================================================================ classes and templates
+
+
+@dataclass
+class ClassSet:
+    """Class names (what the templates are filled with), the keys that sample labels are matched
+    against, and optional groups (e.g. emoji categories) for metrics without some groups."""
+
+    names: list[str]
+    keys: list[str]
+    groups: list[str] | None = None
+    source: str = "<memory>"
+    key_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError(f"class list {self.source} is empty")
+        if len(self.keys) != len(self.names) or (self.groups is not None and len(self.groups) != len(self.names)):
+            raise ValueError(f"class list {self.source}: names, keys and groups differ in length")
+        dup = [k for k, n in Counter(self.keys).items() if n > 1]
+        if dup:
+            raise ValueError(f"class list {self.source}: duplicate class keys {dup[:5]}")
+        self._by_key = {k: i for i, k in enumerate(self.keys)}
+        self._by_name = {n: i for i, n in enumerate(self.names)} if len(set(self.names)) == len(self.names) else {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index_of(self, label: Any, where: str) -> int:
+        """Class index of one sample label: a class key, else (no key field) an index or a name."""
+        text = str(label).strip()
+        if text in self._by_key:
+            return self._by_key[text]
+        if self.key_field is None:
+            if isinstance(label, int) or text.lstrip("-").isdigit():
+                i = int(text)
+                if 0 <= i < len(self):
+                    return i
+            elif text in self._by_name:
+                return self._by_name[text]
+        what = f"key field {self.key_field!r}" if self.key_field else f"{len(self)} classes (index or name)"
+        raise ValueError(f"label {label!r} of {where} is not in the class list {self.source} ({what}): "
+                         "the class list does not match the labels")
+
+
+def load_classes(path: str | Path, *, name_field: str = "name", key_field: str | None = None,
+                 group_field: str | None = None) -> ClassSet:
+    """A class list from a file.
+
+    - `.txt`: one class name per line; labels are indices into the list (or the names).
+    - `.json`: a list of names, or a list of objects; `.jsonl`: one object per line. Objects give
+      the name in `name_field`, the label key in `key_field` (default: the index) and an optional
+      group in `group_field`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"class list not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+        rows: list[Any] = names
+    elif path.suffix == ".jsonl":
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exn:
+            raise ValueError(f"class list {path} is not valid JSONL: {exn}") from exn
+    elif path.suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exn:
+            raise ValueError(f"class list {path} is not valid JSON: {exn}") from exn
+        if not isinstance(rows, list):
+            raise ValueError(f"class list {path} must hold a JSON list")
+    else:
+        raise ValueError(f"class list {path}: expected .txt, .json or .jsonl")
+    if all(isinstance(r, str) for r in rows):
+        if key_field or group_field:
+            raise ValueError(f"class list {path} holds plain names: key/group fields need objects")
+        return ClassSet(list(rows), [str(i) for i in range(len(rows))], None, str(path), None)
+
+    def get(row: Any, f: str, i: int) -> Any:
+        if not isinstance(row, dict) or f not in row:
+            raise ValueError(f"class list {path}, entry {i}: no field {f!r}")
+        return row[f]
+
+    names = [str(get(r, name_field, i)) for i, r in enumerate(rows)]
+    keys = [str(get(r, key_field, i)) for i, r in enumerate(rows)] if key_field else [str(i) for i in range(len(rows))]
+    groups = [str(get(r, group_field, i)) for i, r in enumerate(rows)] if group_field else None
+    return ClassSet(names, keys, groups, str(path), key_field)
+
+
+def resolve_templates(specs: Sequence[str] | None) -> list[str | Callable[[str], str]]:
+    """Prompt templates from presets ('identity' = "{}", 'simple' / 'openai' = open_clip's ImageNet
+    templates), files (one format string per line) or literal strings containing "{}"."""
+    out: list[str | Callable[[str], str]] = []
+    for spec in specs or ["identity"]:
+        if spec == "identity":
+            out.append("{}")
+        elif spec in ("simple", "openai"):
+            from open_clip import zero_shot_metadata as meta
+
+            out += list(meta.SIMPLE_IMAGENET_TEMPLATES if spec == "simple" else meta.OPENAI_IMAGENET_TEMPLATES)
+        elif "{}" in spec:
+            out.append(spec)
+        elif Path(spec).is_file():
+            lines = [ln.strip() for ln in Path(spec).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            bad = [ln for ln in lines if "{}" not in ln]
+            if not lines or bad:
+                raise ValueError(f"template file {spec}: every line needs a '{{}}' (bad: {bad[:3]})")
+            out += lines
+        else:
+            raise ValueError(f"template {spec!r}: not a preset ({', '.join(TEMPLATE_PRESETS)}), "
+                             "an existing file, or a string containing '{}'")
+    return out
+
+
+def _fill(template: str | Callable[[str], str], name: str) -> str:
+    return template.format(name) if isinstance(template, str) else template(name)
+
+
+# ============================================================================ data
+
+
+@dataclass
+class EncodedSet:
+    """Raw features of one shard set, in sample order."""
+
+    keys: list[str]
+    image_features: Tensor
+    text_features: Tensor | None
+    captions: list[str] | None
+    labels: Tensor | None  # class indices (int64) when a class list was given
+    skipped: dict[str, int]
+    shards: list[str]
+
+
+def _iter_grouped(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str, dict[str, bytes]]]:
+    """(shard url, key, {ext: bytes}) per sample, shard by shard in order; damage is counted."""
+    for url in urls:
+        try:
+            stream = wds.gopen(url)
+        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
+            skipped["unreadable_shard"] += 1
+            log.warning("skipped unreadable shard %s: %s", url, exn)
+            continue
+        key, members = None, {}
+        try:
+            for name, read in _tar_files(stream):
+                base, ext = wds.tariterators.base_plus_ext(name)
+                if base is None:
+                    continue
+                if base != key:
+                    if members:
+                        yield url, key, members
+                    key, members = base, {}
+                ext = ext.lower()
+                if ext in members:
+                    skipped["bad_member"] += 1
+                    log.warning("shard %s key %s: duplicate member .%s, keeping the first", url, base, ext)
+                    continue
+                members[ext] = read()
+        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
+            skipped["corrupt_tar"] += 1
+            log.warning("shard %s is damaged (%s: %s); samples before the damage are kept", url, type(exn).__name__, exn)
+        finally:
+            stream.close()
+        if members:
+            yield url, key, members
+
+
+def _label_of(members: dict[str, bytes], label_field: str | None, where: str) -> Any:
+    if label_field is None:
+        if "cls" not in members:
+            raise ValueError(f"{where} has no .cls label (use label_field / --label-field for a KEY.json field)")
+        return members["cls"].decode("utf-8").strip()
+    if "json" not in members:
+        raise ValueError(f"{where} has no .json, which should hold the label field {label_field!r}")
+    try:
+        meta = json.loads(members["json"])
+    except (json.JSONDecodeError, UnicodeDecodeError) as exn:
+        raise ValueError(f"{where}: .json is not valid JSON ({exn})") from exn
+    if not isinstance(meta, dict) or label_field not in meta:
+        raise ValueError(f"{where}: .json has no label field {label_field!r}")
+    return meta[label_field]
+
+
+@torch.no_grad()
+def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = True,
+                  classes: ClassSet | None = None, label_field: str | None = None, batch_size: int = 256,
+                  device: str | torch.device = "cpu",
+                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> EncodedSet:
+    """Read shards in order and encode every usable sample (raw features, float32, on CPU).
+
+    captions: retrieval needs KEY.txt; a shard whose images have no caption at all is an error that
+    names it; a single sample without one (or with an empty one) is skipped and counted.
+    classes: with a class list, every sample needs a label (KEY.cls, or KEY.json[label_field]) that
+    the list holds; a missing or unknown label is an error naming the shard, the key and the list
+    (raised while reading, before the rest is encoded).
+    """
+    flat = [u for src in expand_sources(urls) for u in src]
+    _check_exist(flat)
+    skipped: Counter[str] = Counter()
+    keys: list[str] = []
+    caps: list[str] = []
+    labs: list[int] = []
+    img_chunks: list[Tensor] = []
+    txt_chunks: list[Tensor] = []
+    pending: list[tuple[Tensor, str | None]] = []
+    per_shard: dict[str, list[int]] = {}  # url -> [samples with an image, of which captioned]
+
+    def flush() -> None:
+        if not pending:
+            return
+        images = torch.stack([p[0] for p in pending]).to(device)
+        img_chunks.append(model.clip.encode_image(images).float().cpu())
+        if captions:
+            tokens = model.tokenizer([p[1] for p in pending]).to(device)
+            txt_chunks.append(model.clip.encode_text(tokens).float().cpu())
+        pending.clear()
+
+    for url, key, members in _iter_grouped(flat, skipped):
+        where = f"shard {url} key {key}"
+        ext = next((e for e in IMAGE_EXTS if e in members), None)
+        if ext is None:
+            skipped["missing_image"] += 1
+            continue
+        counts = per_shard.setdefault(url, [0, 0])
+        counts[0] += 1
+        caption = None
+        if captions:
+            raw = members.get("txt")
+            if raw is None:
+                skipped["missing_caption"] += 1
+                continue
+            try:
+                caption = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                skipped["bad_caption_encoding"] += 1
+                continue
+            if not caption:
+                skipped["empty_caption"] += 1
+                continue
+            counts[1] += 1
+        label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
+        img, reason, detail = load_image(members[ext], max_image_pixels)
+        if img is None:
+            skipped[reason] += 1
+            log.warning("skipped %s: %s: %s", reason, where, detail)
+            continue
+        pending.append((model.preprocess(img), caption))
+        keys.append(key)
+        caps.append(caption)  # type: ignore[arg-type]
+        labs.append(label)
+        if len(pending) >= batch_size:
+            flush()
+    flush()
+    if captions:
+        uncaptioned = [u for u, (n, c) in per_shard.items() if n and not c]
+        if uncaptioned:
+            raise ValueError(f"shard {uncaptioned[0]} has no KEY.txt captions ({per_shard[uncaptioned[0]][0]} images): "
+                             "retrieval needs captions; for a classification-only set use task classification")
+    if not keys:
+        raise ValueError(f"no usable sample in {urls!r} (skipped: {dict(skipped) or 'none'})")
+    return EncodedSet(keys, torch.cat(img_chunks), torch.cat(txt_chunks) if captions else None,
+                      caps if captions else None, torch.tensor(labs, dtype=torch.long) if classes is not None else None,
+                      dict(skipped), flat)
+
+
+@torch.no_grad()
+def encode_texts(model: EvalModel, texts: list[str], *, batch_size: int = 256,
+                 device: str | torch.device = "cpu") -> Tensor:
+    """Raw text features [N, D], float32 on CPU."""
+    out = []
+    for start in range(0, len(texts), batch_size):
+        tokens = model.tokenizer(texts[start:start + batch_size]).to(device)
+        out.append(model.clip.encode_text(tokens).float().cpu())
+    return torch.cat(out)
+
+
+def class_text_features(model: EvalModel, names: Sequence[str], templates: Sequence[str | Callable[[str], str]],
+                        *, batch_size: int = 256, device: str | torch.device = "cpu") -> Tensor:
+    """Raw features of every (class, template) text: [C, T, D]."""
+    texts = [_fill(t, n) for n in names for t in templates]
+    return encode_texts(model, texts, batch_size=batch_size, device=device).reshape(len(names), len(templates), -1)
+
+
+# ============================================================================ scoring
+
+
+def class_prototypes(template_features: Tensor, scorer: Scorer) -> Tensor:
+    """[C, D] class prototypes in the i2t Scorer's prepared-document space from [C, T, D] raw
+    template features (see the module docstring for the rule and why).
+
+    gamma_d == 1: normalise, mean, renormalise (open_clip's `build_zero_shot_classifier`, as rows).
+    gamma_d < 1: mean over templates of `scorer.prepare_docs(template feature)`.
+    """
+    if template_features.ndim != 3:
+        raise ValueError(f"expected [classes, templates, dim] features, got {tuple(template_features.shape)}")
+    prepared = scorer.prepare_docs(template_features)
+    mean = prepared.mean(dim=1)
+    if scorer.gamma_d == 1.0:
+        return mean / mean.norm(dim=-1, keepdim=True)
+    return mean
+
+
+@torch.no_grad()
+def top_classes(image_features: Tensor, prototypes: Tensor, scorer: Scorer, k: int = 5,
+                chunk_size: int = 4096) -> Tensor:
+    """[N, min(k, C)] class indices by descending score `prepare_queries(image) @ prototypes.T`."""
+    k = min(k, len(prototypes))
+    out = []
+    for start in range(0, len(image_features), chunk_size):
+        with torch.autocast(device_type=image_features.device.type, enabled=False):
+            scores = scorer.prepare_queries(image_features[start:start + chunk_size]) @ prototypes.float().T
+        out.append(scores.topk(k, dim=1).indices.cpu())
+    return torch.cat(out)
+
+
+def classification_metrics(top: Tensor, labels: Tensor, num_classes: int, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+    """top-k accuracy, mean per-class recall (over classes present in `labels`) and chance top-1."""
+    if len(labels) == 0:
+        return {"num_samples": 0}
+    hit = top == labels.unsqueeze(1)
+    metrics = {f"top{k}": float(hit[:, :k].any(dim=1).double().mean()) for k in ks if k <= top.shape[1]}
+    correct = hit[:, 0].double()
+    per_class_n = torch.bincount(labels, minlength=num_classes).double()
+    per_class_hit = torch.bincount(labels, weights=correct, minlength=num_classes)
+    present = per_class_n > 0
+    metrics["mean_per_class_recall"] = float((per_class_hit[present] / per_class_n[present]).mean())
+    metrics["chance_top1"] = 1.0 / num_classes
+    metrics["num_samples"] = len(labels)
+    metrics["num_classes_present"] = int(present.sum())
+    return metrics
+
+
+def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer: Scorer, classes: ClassSet,
+             exclude_groups: Sequence[str] = ()) -> dict[str, Any]:
+    """Metrics over all samples, without each excluded group and all of them, and top-1 per group."""
+    top = top_classes(image_features, prototypes, scorer, k=5)
+    out: dict[str, Any] = {"all": classification_metrics(top, labels, len(classes))}
+    if classes.groups is not None:
+        group_of = np.array(classes.groups)[labels.numpy()]
+        for g in exclude_groups:
+            keep = torch.from_numpy(group_of != g)
+            out[f"without_{g}"] = classification_metrics(top[keep], labels[keep], len(classes))
+        correct = (top[:, 0] == labels).double().numpy()
+        out["per_group_top1"] = {g: float(correct[group_of == g].mean()) for g in sorted(set(group_of.tolist()))}
+    return out
+
+
+def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
+                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> dict[str, float]:
+    """Image<->text retrieval with caption identity as relevance (keys as `evaluate_retrieval`)."""
+    ids = ids_from_labels(list(captions))
+    metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
+                                image_ids=ids, text_ids=ids, chunk_size=chunk_size)
+    metrics["chance_R@1"] = chance_recall_at_1(ids)
+    metrics["num_samples"] = len(captions)
+    metrics["num_unique_captions"] = int(ids.unique().numel())
+    metrics["image_norm_mean"] = float(image_features.norm(dim=-1).mean())
+    metrics["text_norm_mean"] = float(text_features.norm(dim=-1).mean())
+    return metrics
+
+
+# ============================================================================ the evaluation
+
+
+def evaluate_zeroshot(
+    model: EvalModel,
+    data: Mapping[str, str],
+    *,
+    tasks: Sequence[str] = ("retrieval",),
+    classes: ClassSet | None = None,
+    templates: Sequence[str | Callable[[str], str]] = ("{}",),
+    label_field: str | None = None,
+    exclude_groups: Sequence[str] = (),
+    set_info: Mapping[str, Mapping[str, Any]] | None = None,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    save_embeddings: str | Path | None = None,
+) -> dict[str, Any]:
+    """Evaluate `model` on named shard sets; returns the results (writes only embeddings, if asked).
+
+    Everything is computed before anything is written; embeddings go to a temporary folder that is
+    moved into place whole (one set: `save_embeddings/`; several: `save_embeddings/<set>/`; class
+    texts of classification: `save_embeddings/classes/`).
+    """
+    tasks = tuple(tasks)
+    bad = set(tasks) - set(TASKS)
+    if bad or not tasks:
+        raise ValueError(f"tasks must be a non-empty subset of {TASKS}, got {tasks}")
+    do_cls = "classification" in tasks
+    if do_cls and classes is None:
+        raise ValueError("classification needs a class list")
+    if classes is not None and exclude_groups and classes.groups is None:
+        raise ValueError(f"excluding groups {list(exclude_groups)} needs a group field in the class list {classes.source}")
+    model.clip.to(device).eval()
+    templates = list(templates)
+    proto, class_feats = None, None
+    if do_cls:
+        assert classes is not None
+        class_feats = class_text_features(model, classes.names, templates, batch_size=batch_size, device=device)
+        proto = class_prototypes(class_feats, model.scorers["i2t"])
+    sets: dict[str, Any] = {}
+    encoded: dict[str, EncodedSet] = {}
+    for name, urls in data.items():
+        log.info("encoding %s (%s)", name, urls)
+        enc = encode_shards(model, urls, captions="retrieval" in tasks, classes=classes if do_cls else None,
+                            label_field=label_field, batch_size=batch_size, device=device)
+        entry: dict[str, Any] = {"data": urls, **(set_info or {}).get(name, {})}
+        metrics: dict[str, Any] = {}
+        if "retrieval" in tasks:
+            assert enc.text_features is not None and enc.captions is not None
+            metrics["retrieval"] = retrieval_from_features(enc.image_features, enc.text_features, enc.captions,
+                                                           model.scorers)
+        if do_cls:
+            assert classes is not None and proto is not None and enc.labels is not None
+            metrics["classification"] = classify(enc.image_features, enc.labels, proto, model.scorers["i2t"],
+                                                 classes, exclude_groups)
+        entry["metrics"] = metrics
+        entry["counts"] = {"samples": len(enc.keys), "shards": len(enc.shards), "skipped": enc.skipped,
+                           "skipped_total": sum(enc.skipped.values())}
+        if do_cls:
+            entry["counts"]["classes"] = len(classes)  # type: ignore[arg-type]
+        if "retrieval" in tasks:
+            entry["counts"]["unique_captions"] = metrics["retrieval"]["num_unique_captions"]
+        if enc.skipped:
+            entry["warning"] = f"{sum(enc.skipped.values())} samples/shards skipped: {enc.skipped}"
+        sets[name] = entry
+        encoded[name] = enc
+
+    results: dict[str, Any] = {
+        "model": model.model_name,
+        "checkpoint": model.source.get("checkpoint"),
+        "pretrained": model.source.get("pretrained"),
+        "data": {name: urls for name, urls in data.items()},
+        "scorers": {d: s.to_dict() for d, s in model.scorers.items()},
+        "scorers_from": model.source.get("scorers_from"),
+        "logit_scale": model.source.get("logit_scale"),  # recorded only; rankings do not depend on it
+        "tasks": list(tasks),
+        "retrieval_matching": "caption identity" if "retrieval" in tasks else None,
+        "classification": None if not do_cls else {
+            "classes": classes.source, "num_classes": len(classes), "key_field": classes.key_field,  # type: ignore[union-attr]
+            "label_field": label_field or "KEY.cls", "templates": [_fill(t, "{}") for t in templates],
+            "prototype_rule": ("normalize, mean, renormalize (open_clip)" if model.scorers["i2t"].gamma_d == 1.0
+                               else "mean of prepare_docs(template features)"),
+            "scored_with": "i2t", "excluded_groups": list(exclude_groups)},
+        "sets": sets,
+        "magclip_version": magclip.__version__,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if save_embeddings is not None:
+        _save_embeddings(Path(save_embeddings), encoded, classes if do_cls else None, class_feats, templates)
+        results["embeddings"] = str(save_embeddings)
+    return results
+
+
+def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: ClassSet | None,
+                     class_feats: Tensor | None, templates: Sequence[Any]) -> None:
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))
+    try:
+        for name, enc in encoded.items():
+            folder = tmp if len(encoded) == 1 else tmp / name
+            folder.mkdir(parents=True, exist_ok=True)
+            np.save(folder / "image_features.npy", enc.image_features.numpy())
+            if enc.text_features is not None:
+                np.save(folder / "text_features.npy", enc.text_features.numpy())
+                (folder / "captions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in enc.captions or []))
+            (folder / "keys.txt").write_text("".join(k + "\n" for k in enc.keys))
+            if enc.labels is not None:
+                np.save(folder / "labels.npy", enc.labels.numpy())
+        if classes is not None and class_feats is not None:
+            folder = tmp / "classes"
+            folder.mkdir()
+            np.save(folder / "class_text_features.npy", class_feats.numpy())  # [C, T, D] raw
+            (folder / "class_names.jsonl").write_text("".join(json.dumps(n) + "\n" for n in classes.names))
+            (folder / "class_keys.txt").write_text("".join(k + "\n" for k in classes.keys))
+            (folder / "templates.jsonl").write_text("".join(json.dumps(_fill(t, "{}")) + "\n" for t in templates))
+        publish_dir(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_results(results: Mapping[str, Any], path: str | Path) -> None:
+    """results.json, atomically (a reader sees the old file or the complete new one)."""
+    atomic_write_json(path, results)
+
+
+# ============================================================================ the emoji benchmark
+
+
+def emoji_benchmark(root: str | Path, splits: Sequence[str] | None = None) -> dict[str, Any]:
+    """Sets, class list and options for the emoji data (../shared/data/emoji, see its README).
+
+    Classes: all emoji of `emoji_index.jsonl` (1,906), named by their CLDR annotation (the caption
+    the shards carry in KEY.txt), keyed by code points (`unified`, which each sample's KEY.json
+    holds), grouped by `category`; metrics are also given without the Flags category. Domains:
+    train/id_* are the google+twitter art styles seen in training (in-domain), ood_* the openmoji
+    style (out-of-domain).
+    """
+    root = Path(root)
+    meta_path = root / "splits.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"emoji splits not found: {meta_path}")
+    meta = json.loads(meta_path.read_text())["splits"]
+    splits = list(splits) if splits else [s for s in EMOJI_SPLITS if s in meta]
+    unknown = [s for s in splits if s not in meta]
+    if unknown:
+        raise ValueError(f"unknown emoji split(s) {unknown}; {meta_path} has {sorted(meta)}")
+    data = {s: str(root / meta[s]["pattern"]) for s in splits}
+    info = {s: {"domain": EMOJI_SPLITS.get(s, ("?", "?"))[0], "concepts": EMOJI_SPLITS.get(s, ("?", "?"))[1],
+                "styles": sorted(meta[s].get("per_vendor", {})), "expected_samples": meta[s].get("count")}
+            for s in splits}
+    classes = load_classes(root / "emoji_index.jsonl", name_field="annotation", key_field="unified",
+                           group_field="category")
+    return {"data": data, "set_info": info, "classes": classes, "label_field": "unified",
+            "exclude_groups": EMOJI_EXCLUDE_GROUPS}
+
+
+# ============================================================================ table
+
+
+def format_zeroshot_table(results: Mapping[str, Any]) -> str:
+    """Markdown: retrieval R@1/R@5 per direction and classification top-1/top-5/mean per-class recall."""
+    scorers = results.get("scorers", {})
+    head = (f"model {results.get('model')}  checkpoint {results.get('checkpoint') or results.get('pretrained')}  "
+            f"scorers i2t={_scorer_text(scorers.get('i2t'))} t2i={_scorer_text(scorers.get('t2i'))}")
+    lines = [head, ""]
+    sets = results.get("sets", {})
+    if any("retrieval" in s["metrics"] for s in sets.values()):
+        lines += ["| set | domain | i→t R@1 | i→t R@5 | t→i R@1 | t→i R@5 | chance R@1 | samples | unique captions |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name, s in sets.items():
+            m = s["metrics"].get("retrieval")
+            if m:
+                lines.append(f"| {name} | {s.get('domain', '')} | {_pct(m['image_to_text_R@1'])} | "
+                             f"{_pct(m['image_to_text_R@5'])} | {_pct(m['text_to_image_R@1'])} | "
+                             f"{_pct(m['text_to_image_R@5'])} | {_pct(m['chance_R@1'])} | {m['num_samples']} | "
+                             f"{m['num_unique_captions']} |")
+        lines.append("")
+    if any("classification" in s["metrics"] for s in sets.values()):
+        cls = results.get("classification") or {}
+        excluded = cls.get("excluded_groups", [])
+        cols = ["all", *(f"without_{g}" for g in excluded)]
+        lines += ["| set | domain | subset | top-1 | top-5 | mean per-class recall | samples |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, s in sets.items():
+            c = s["metrics"].get("classification")
+            if not c:
+                continue
+            for col in cols:
+                m = c.get(col) or {}
+                if m.get("num_samples"):
+                    lines.append(f"| {name} | {s.get('domain', '')} | {col} | {_pct(m['top1'])} | "
+                                 f"{_pct(m.get('top5', float('nan')))} | {_pct(m['mean_per_class_recall'])} | "
+                                 f"{m['num_samples']} |")
+        lines.append(f"\n{cls.get('num_classes')}-way classification over {cls.get('classes')} "
+                     f"(chance top-1 {100 / max(1, cls.get('num_classes') or 1):.3f} %), prototypes: "
+                     f"{cls.get('prototype_rule')}.")
+    lines.append("Recall/accuracy in %; retrieval hits by caption identity (identical captions count as one).")
+    warnings = [f"{n}: {s['warning']}" for n, s in sets.items() if s.get("warning")]
+    if warnings:
+        lines.append("WARNING skipped data — " + "; ".join(warnings))
+    return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}"
+
+
+def _scorer_text(s: Mapping[str, Any] | None) -> str:
+    if not s:
+        return "-"
+    if s["mode"] in FIXED_MODES:
+        return s["mode"]
+    return f"{s['mode']}(γq={s['gamma_q']:.3f},γd={s['gamma_d']:.3f})"
+
+
+__all__ = [
+    "EMOJI_SPLITS",
+    "ClassSet",
+    "EncodedSet",
+    "EvalModel",
+    "class_prototypes",
+    "class_text_features",
+    "classification_metrics",
+    "classify",
+    "emoji_benchmark",
+    "encode_shards",
+    "encode_texts",
+    "evaluate_zeroshot",
+    "format_zeroshot_table",
+    "load_checkpoint",
+    "load_classes",
+    "load_open_clip",
+    "resolve_checkpoint",
+    "resolve_templates",
+    "retrieval_from_features",
+    "scorers_for_mode",
+    "scorers_from_meta",
+    "top_classes",
+    "write_results",
+]
