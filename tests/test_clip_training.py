@@ -7,31 +7,26 @@ torchrun is needed) on a few hundred synthetic 32x32 samples with the tiny ResNe
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tarfile
 import time
-import zlib
 from pathlib import Path
 
 import open_clip
 import pytest
 import torch
-from PIL import Image
 
 from magclip import clip_training
 from magclip.clip_training import train_clip
 from magclip.config import load_config
 from magclip.models.clip import register_model_configs
+from builders import free_port, good, png, write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train" / "clip.py"
@@ -93,35 +88,15 @@ def subprocess_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "MAGCLIP_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # tiny image-text shards with bad members (builders as in tests/data/test_shards.py)
 
 
-def png(seed: int, size: int = 32) -> bytes:
-    rng = random.Random(seed)
-    img = Image.new("RGB", (size, size))
-    img.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256)) for _ in range(size * size)])
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
 
 
-def good(key: str) -> list[tuple[str, bytes]]:
-    return [(f"{key}.png", png(zlib.crc32(key.encode()))), (f"{key}.txt", f"caption {key}".encode())]
 
 
 BAD_SAMPLES = {  # one of each, and the reason the loader must count it under

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from magclip.clip_training import CLIPTrainModule, build_logit_scale, build_loss
 from magclip.config import LossConfig, TrainConfig
 from magclip.engine import Engine, make_accelerator
 from magclip.models.clip import create_clip
+from builders import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -48,10 +48,6 @@ def run_engine(run_dir: Path, batches: list[dict], *, accum: int = 1, mode: str 
     return {k: v.detach().clone() for k, v in engine.unwrapped.state_dict().items()}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_same_weights(a: dict, b: dict, atol: float = 2e-6) -> None:

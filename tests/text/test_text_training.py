@@ -1,0 +1,135 @@
+"""Text training: configs, pair reading and batching, and a tiny end-to-end run through the engine
+whose saved folder sentence-transformers loads with identical embeddings."""
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from magclip.config import ConfigError
+from magclip.data.pairs import PairBatches, read_pairs, split_batch, write_pairs_shards
+from magclip.text_training import load_text_config, train_text
+from test_text_model import WORDS, make_tiny_bert  # tests/text is on sys.path under pytest's default import mode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_text_config_loads():
+    files = sorted((ROOT / "configs" / "text").glob("*.yaml"))
+    modes = {load_text_config(f).loss.mode for f in files}
+    assert {"cosine", "dot", "qnorm", "dnorm", "learnable"} <= modes
+    with pytest.raises(ConfigError, match="loss.mode"):
+        load_text_config(files[0], ["loss.mode=sine"])
+    with pytest.raises(ConfigError, match="exactly one"):
+        load_text_config(files[0], ["data.train=x.jsonl"])
+
+
+def toy_rows(n: int = 24, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        w = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (6,), generator=g)]
+        rows.append({"query": " ".join(w[:3]), "positive": " ".join(w[:3] + w[3:]),
+                     "negatives": [" ".join(w[3:]), " ".join(reversed(w))]})
+    return rows
+
+
+def test_read_pairs_jsonl_and_shards_count_skips(tmp_path):
+    rows = toy_rows(5)
+    f = tmp_path / "pairs.jsonl"
+    bad = ['not json', json.dumps({"query": "", "positive": "x"}), json.dumps({"query": "q", "positive": []})]
+    f.write_text("\n".join([json.dumps(r) for r in rows] + bad) + "\n")
+    records, skipped = read_pairs(f)
+    assert len(records) == 5 and dict(skipped) == {"bad_row": 1, "empty_query": 1, "no_positive": 1}
+    assert records[0].positives == [rows[0]["positive"]] and records[0].negatives == rows[0]["negatives"]
+    shards = write_pairs_shards(rows, tmp_path / "shards", shard_size=2)
+    assert len(shards) == 3 and tarfile.is_tarfile(shards[0])
+    records2, _ = read_pairs(str(tmp_path / "shards" / "pairs-{000000..000002}.tar") + "::" + str(f))
+    assert [r.query for r in records2] == [r["query"] for r in rows] * 2
+
+
+def fake_tokenize(texts, side):
+    return {"input_ids": torch.tensor([[len(t)] for t in texts]), "attention_mask": torch.ones(len(texts), 1)}
+
+
+def test_pair_batches_groups_ranks_and_determinism(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in toy_rows(20)) + "\n")
+    records, _ = read_pairs(f)
+    texts: list[list[str]] = []
+
+    def tokenize(t, side):
+        texts.append(list(t))
+        return fake_tokenize(t, side)
+
+    batch = next(iter(PairBatches(records, tokenize, batch_size=3, group_size=3)))
+    queries, docs = texts[0], texts[1]
+    assert len(docs) == 9 and split_batch(batch, "passage")["input_ids"].shape[0] == 9
+    for i, key in enumerate(batch["keys"]):
+        r = records[int(key)]
+        assert queries[i] == r.query and docs[3 * i] in r.positives
+        assert set(docs[3 * i + 1:3 * i + 3]) <= set(r.negatives)
+    # ranks split each global batch; epochs reshuffle; an epoch replays identically
+    per_rank = [[b["keys"] for b in PairBatches(records, fake_tokenize, 4, world_size=2, rank=r, epoch=1)] for r in (0, 1)]
+    assert len(per_rank[0]) == 20 // 8
+    for a, b in zip(*per_rank):
+        assert not set(a) & set(b)
+    again = [b["keys"] for b in PairBatches(records, fake_tokenize, 4, world_size=2, rank=0, epoch=1)]
+    other_epoch = [b["keys"] for b in PairBatches(records, fake_tokenize, 4, world_size=2, rank=0, epoch=2)]
+    assert again == per_rank[0] and other_epoch != again
+
+
+def write_toy_eval(folder: Path, rows: list[dict]) -> tuple[Path, Path]:
+    beir = folder / "toybeir"
+    (beir / "qrels").mkdir(parents=True)
+    with open(beir / "corpus.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": r["positive"]}) + "\n")
+    with open(beir / "queries.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                             + "".join(f"q{i}\td{i}\t1\n" for i in range(len(rows))))
+    sts = folder / "toysts.tsv"
+    sts.write_text("score\tsentence1\tsentence2\n" + "".join(
+        f"{i % 5}.0\t{r['query']}\t{r['positive'] if i % 2 else r['negatives'][0]}\n" for i, r in enumerate(rows)))
+    return beir, sts
+
+
+def test_tiny_fine_tune_end_to_end(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
+    rows = toy_rows(24)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    beir, sts = write_toy_eval(tmp_path, rows[:12])
+    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
+                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", "data.group_size=2",
+                 "loss.mode=qnorm", "loss.doc_to_query=true", "loss.logit_scale_from_norms=true",
+                 f"output_dir={tmp_path / 'runs'}", "name=tiny", "train.batch_size=4", "train.accum_freq=2",
+                 "train.max_steps=3", "train.lr=1e-3", "train.warmup_steps=0", "train.log_every=1",
+                 f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.at_start=true"]
+    cfg = load_text_config(ROOT / "configs" / "text" / "qnorm.yaml", overrides)
+    results = train_text(cfg)
+    assert results["steps"] == 3 and results["scorer"]["mode"] == "qnorm"
+    assert "toy/ndcg@10" in results["metrics"] and "toy/spearman" in results["metrics"]
+    assert "toy/ndcg@10" in results["zero_shot"]
+    log = [json.loads(x) for x in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "loss" in r]
+    assert len(steps) == 3 and all("loss_d2q" in r and "norm_query" in r and "gamma_q" in r for r in steps)
+    saved = Path(results["final_model"])
+    meta = json.loads((saved / "magclip_text.json").read_text())
+    assert meta["scorer"]["mode"] == "qnorm" and meta["logit_scale"] == pytest.approx(results["logit_scale"])
+    # the saved folder loads in sentence-transformers with the trained weights' embeddings
+    from magclip.models.text import BiEncoder
+
+    ours = BiEncoder.from_pretrained(saved)
+    base = BiEncoder.from_pretrained(model_dir)
+    texts = [r["positive"] for r in rows[:6]]
+    trained = ours.encode(texts, "passage")
+    assert not torch.allclose(trained, base.encode(texts, "passage"), atol=1e-4)  # it did train
+    model = st.SentenceTransformer(str(saved), device="cpu")
+    assert torch.allclose(model.encode_document(texts, convert_to_tensor=True).cpu(), trained, atol=1e-5)
+    assert torch.allclose(model.encode_query(texts, convert_to_tensor=True).cpu(), ours.encode(texts, "query"),
+                          atol=1e-5)
