@@ -140,37 +140,39 @@ class Engine:
         self._open_logs()
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
                    desc="train", dynamic_ncols=True)
-        t_last, samples_last = time.perf_counter(), self.state.samples_seen
+        self._rate_mark = (time.perf_counter(), self.state.samples_seen)
+        limit = self.steps_per_epoch * self.cfg.accum_freq
         while self.state.step < self.total_steps:
-            started_at = self.state.batches_in_epoch
+            fresh_epoch = self.state.batches_in_epoch == 0
             steps_taken = 0
             for micro_batches in self._steps_of_epoch():
                 steps_taken += 1
-                out = self._train_step(micro_batches)
-                self.state.step += 1
-                bar.update(1)
-                if self.state.step % self.cfg.log_every == 0 or self.state.step == self.total_steps:
-                    now = time.perf_counter()
-                    rate = (self.state.samples_seen - samples_last) * self.acc.num_processes / max(now - t_last, 1e-9)
-                    t_last, samples_last = now, self.state.samples_seen
-                    self._log(out, rate)
-                    bar.set_postfix(loss=f"{float(out['loss'].detach()):.4f}")
-                if self.cfg.val_every and self.state.step % self.cfg.val_every == 0 and self.state.step < self.total_steps:
-                    self.run_evaluation()
-                if self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
+                self._after_step(self._train_step(micro_batches), bar)
                 if self.state.step >= self.total_steps:
                     break
-            else:
-                if steps_taken == 0 and started_at == 0:
-                    raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
-                self._next_epoch()
-                continue
-            if self.state.batches_in_epoch >= self.steps_per_epoch * self.cfg.accum_freq:
-                self._next_epoch()  # the last step was the epoch's last: that epoch is complete
+            if fresh_epoch and steps_taken == 0:
+                raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
+            if self.state.step < self.total_steps or self.state.batches_in_epoch >= limit:
+                self._next_epoch()  # the epoch's data is used up (a resume then starts the next one)
         bar.close()
         self.save_checkpoint()
         return self.state
+
+    def _after_step(self, out: dict[str, torch.Tensor], bar: tqdm) -> None:
+        """Count the step; log, validate and checkpoint on their schedules."""
+        self.state.step += 1
+        bar.update(1)
+        step = self.state.step
+        if step % self.cfg.log_every == 0 or step == self.total_steps:
+            now, samples = time.perf_counter(), self.state.samples_seen
+            t_last, samples_last = self._rate_mark
+            self._rate_mark = (now, samples)
+            self._log(out, (samples - samples_last) * self.acc.num_processes / max(now - t_last, 1e-9))
+            bar.set_postfix(loss=f"{float(out['loss'].detach()):.4f}")
+        if self.cfg.val_every and step % self.cfg.val_every == 0 and step < self.total_steps:
+            self.run_evaluation()
+        if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint()
 
     def _next_epoch(self) -> None:
         self.state.epoch += 1

@@ -117,7 +117,7 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
     assert "toy/ndcg@10" in results["zero_shot"]
     log = [json.loads(x) for x in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in log if "loss" in r]
-    assert len(steps) == 3 and all("loss_d2q" in r and "norm_query" in r and "gamma_q" in r for r in steps)
+    assert len(steps) == 3 and all("loss_d2q" in r and "acc_q2d" in r and "gamma_q" in r for r in steps)
     saved = Path(results["final_model"])
     meta = json.loads((saved / "magclip_text.json").read_text())
     assert meta["scorer"]["mode"] == "qnorm" and meta["logit_scale"] == pytest.approx(results["logit_scale"])
