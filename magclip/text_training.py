@@ -7,12 +7,14 @@ evaluate on the configured BEIR folders / STS files with the run's own Scorer, a
 `sentence_transformers.SentenceTransformer` both load (magclip_text.json inside records the mode
 and exponents).
 
-`evaluate_beir_folders` / `evaluate_sts_files` are what eval/beir.py and eval/sts.py call.
+`evaluate_beir_folders` / `evaluate_sts_files` are what eval/beir.py and eval/sts.py call;
+`mine_hard_negatives` (and `magclip.data.beir.beir_to_pairs`) make training pairs from a BEIR split.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import shutil
 import time
@@ -24,10 +26,10 @@ import torch
 from torch import nn
 
 from magclip.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
-from magclip.data.beir import BeirData, beir_to_pairs, load_beir
+from magclip.data.beir import BeirData, beir_to_pairs, doc_text, load_beir
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
 from magclip.io import atomic_write_json
-from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval
+from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval, search_run
 from magclip.metrics.sts import STSData, evaluate_sts, read_sts
 from magclip.models.text import POOLINGS, BiEncoder
 from magclip.retrieval_loss import RetrievalLoss
@@ -99,8 +101,7 @@ class TextRunConfig:
     model: TextModelConfig = field(default_factory=TextModelConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
     loss: TextLossConfig = field(default_factory=TextLossConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_size=32, lr=2e-5, weight_decay=0.01,
-                                                                    warmup_steps=10))
+    train: TrainConfig = field(default_factory=TrainConfig)  # the engine's; configs/text set text-sized values
     eval: TextEvalConfig = field(default_factory=TextEvalConfig)
 
     @property
@@ -293,6 +294,47 @@ def evaluate_sts_files(model: BiEncoder, paths: Sequence[str | Path], scorers: S
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         results[name] = entry
     return results
+
+
+def mine_hard_negatives(model: BiEncoder, folder: str | Path, split: str = "train", scorer: Scorer | str = "cosine",
+                        *, negatives: int = 4, skip_top: int = 0, depth: int = 100, min_score: int = 1,
+                        batch_size: int = 64, device=None, backend: str = "auto", out: str | Path | None = None,
+                        progress: bool = False) -> list[dict[str, Any]]:
+    """Pairs from a BEIR split with hard negatives retrieved by `model` under `scorer`.
+
+    For each query: its judged documents with relevance >= `min_score` are the positives; the
+    negatives are the best-ranked documents that are not judged for it at all (any grade) and not the
+    query itself, after skipping the first `skip_top` of them (near-duplicates of positives that are
+    merely unjudged are the usual false negatives). Written as JSONL to `out` when given.
+    """
+    data = load_beir(folder, split)
+    rows = beir_to_pairs(folder, split, min_score=min_score)
+    if not rows:
+        return rows
+    dids = list(data.corpus)
+    doc_vecs = model.encode(data.doc_texts(dids), "passage", batch_size=batch_size, device=device, progress=progress)
+    qids = [r["query_id"] for r in rows]
+    q_vecs = model.encode([r["query"] for r in rows], "query", batch_size=batch_size, device=device, progress=progress)
+    need = skip_top + negatives
+    run, _ = search_run(q_vecs, doc_vecs, qids, dids, scorer, min(len(dids), depth + need), backend=backend)
+    short = 0
+    for r in rows:
+        judged = set(data.qrels[r["query_id"]])
+        ranked = [d for d in run[r["query_id"]] if d not in judged][skip_top:skip_top + negatives]
+        short += len(ranked) < negatives
+        r["negative_ids"] = ranked
+        r["negatives"] = [doc_text(data.corpus[d]) for d in ranked]
+    if short:
+        log.warning("%d queries got fewer than %d mined negatives (depth %d)", short, negatives, depth)
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        tmp.replace(out)
+    return rows
 
 
 def _scorer_label(scorer: Scorer) -> str:

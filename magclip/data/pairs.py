@@ -183,9 +183,11 @@ class PairBatches:
             yield self.collate(idx, first=(t == 0))
 
     def collate(self, idx: list[int], first: bool = False) -> dict[str, Any]:
-        rng = random.Random(hash((self.seed, self.epoch, idx[0], len(idx))) & 0xFFFFFFFF)
         queries, docs = [], []
         for i in idx:
+            # one generator per (seed, epoch, record): a record's draws do not depend on the batch it
+            # lands in, so 1 process x batch 2B sees the same documents as 2 processes x batch B
+            rng = random.Random((self.seed * 1_000_003 + self.epoch) * 10_000_019 + i)
             r = self.records[i]
             queries.append(r.query)
             docs.append(rng.choice(r.positives))

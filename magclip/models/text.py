@@ -143,6 +143,12 @@ class BiEncoder(nn.Module):
             passage_model = copy.deepcopy(query_model)
         self.query_model = query_model
         self.passage_model = passage_model  # None when shared
+        for tower in (query_model, passage_model):
+            # BERT-style poolers run in forward but never reach the loss: frozen, they cannot leave
+            # parameters without gradient under DDP (find_unused_parameters=False); still saved
+            pooler = getattr(tower, "pooler", None)
+            if isinstance(pooler, nn.Module):
+                pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.passage_tokenizer = passage_tokenizer or tokenizer
         self.settings = settings

@@ -123,16 +123,16 @@ def test_scifact_slice_with_minilm_matches_direct_pytrec_eval():
 
     full = load_beir(SCIFACT, "test")
     assert (len(full.corpus), len(full.queries), sum(map(len, full.qrels.values()))) == (5183, 300, 339)
-    data = full.subset(max_queries=10, max_docs=80)
-    model = BiEncoder.from_pretrained("minilm", passage_max_length=128)
+    data = full.subset(max_queries=10, max_docs=50)
+    model = BiEncoder.from_pretrained("minilm", passage_max_length=96)
     docs = model.encode(data.doc_texts(), "passage")
     qs = model.encode(list(data.queries.values()), "query")
     vectors = {"passage": docs, "query": qs}
     corpus = dict(zip(data.corpus, data.doc_texts()))
     res = evaluate_retrieval(lambda texts, side: vectors[side], data.queries, corpus, data.qrels, "cosine",
                              backend="torch")
-    assert res["queries"] == 10 and res["docs"] == 80
-    assert res["ndcg@10"] > 0.7  # 10 claims against 80 abstracts: easy for MiniLM
+    assert res["queries"] == 10 and res["docs"] == 50
+    assert res["ndcg@10"] > 0.7  # 10 claims against 50 abstracts: easy for MiniLM
     # the same vectors searched here and scored directly by pytrec_eval
     run, _ = search_run(qs, docs, list(data.queries), list(data.corpus), "cosine", 100, backend="torch")
     ref = pytrec_eval.RelevanceEvaluator(data.qrels, {"ndcg_cut.10", "map_cut.100"}).evaluate(run)

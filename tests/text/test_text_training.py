@@ -133,3 +133,24 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
     assert torch.allclose(model.encode_document(texts, convert_to_tensor=True).cpu(), trained, atol=1e-5)
     assert torch.allclose(model.encode_query(texts, convert_to_tensor=True).cpu(), ours.encode(texts, "query"),
                           atol=1e-5)
+
+
+def test_mined_negatives_are_unjudged_top_results(tmp_path):
+    from magclip.models.text import BiEncoder
+    from magclip.text_training import mine_hard_negatives
+
+    rows = toy_rows(10)
+    beir, _ = write_toy_eval(tmp_path, rows)
+    (beir / "qrels" / "train.tsv").write_text((beir / "qrels" / "test.tsv").read_text() + "q0\td5\t0\n")
+    model = BiEncoder.from_pretrained(make_tiny_bert(tmp_path / "tb"))
+    out = tmp_path / "hn.jsonl"
+    mined = mine_hard_negatives(model, beir, "train", "dot", negatives=3, skip_top=1, out=out)
+    assert len(mined) == 10 and all(len(r["negatives"]) == 3 for r in mined)
+    assert "d5" not in mined[0]["negative_ids"]                 # judged (grade 0) is never a negative
+    assert all(f"d{i}" not in r["negative_ids"] for i, r in enumerate(mined))
+    # the negatives are the top unjudged results after skipping one
+    docs = model.encode([r["positive"] for r in rows], "passage")
+    q = model.encode([rows[0]["query"]], "query")
+    order = [f"d{int(j)}" for j in (q @ docs.T)[0].argsort(descending=True) if f"d{int(j)}" not in ("d0", "d5")]
+    assert mined[0]["negative_ids"] == order[1:4]
+    assert len(read_pairs(out)[0]) == 10
