@@ -42,7 +42,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
-from magclip.io import atomic_torch_save, atomic_write_text, publish_dir
+from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir
 
 log = logging.getLogger("magclip.engine")
 
@@ -59,6 +59,10 @@ class TrainModule(Protocol):
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, I/O error); the previous one is untouched."""
 
 
 @dataclass
@@ -136,12 +140,17 @@ class Engine:
     # ---------------------------------------------------------------- loop
     def fit(self) -> LoopState:
         if self.cfg.resume:
+            if self.acc.is_main_process:
+                self._tidy_interrupted_writes()
+            self.acc.wait_for_everyone()
             self.load_checkpoint(self._resolve_resume(self.cfg.resume))
         self._open_logs()
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
                    desc="train", dynamic_ncols=True)
         self._rate_mark = (time.perf_counter(), self.state.samples_seen)
         limit = self.steps_per_epoch * self.cfg.accum_freq
+        if self.state.batches_in_epoch >= limit:  # resumed from a checkpoint taken at an epoch's last step
+            self._next_epoch()
         while self.state.step < self.total_steps:
             fresh_epoch = self.state.batches_in_epoch == 0
             steps_taken = 0
@@ -203,6 +212,9 @@ class Engine:
 
     def _train_step(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
         self.model.train()
+        # buffers change in the forward pass (BatchNorm statistics, possibly to inf/NaN in an overflow):
+        # a skipped step puts them back, so that it leaves no trace in the model
+        buffers = [b.detach().clone() for b in self.unwrapped.buffers()]
         for b in micro_batches:
             self._count_skips(b)
             self.state.samples_seen += _batch_size(b)
@@ -220,6 +232,9 @@ class Engine:
             self.unwrapped.project_()
             self.state.nonfinite_steps = 0
         else:
+            with torch.no_grad():
+                for b, saved in zip(self.unwrapped.buffers(), buffers):
+                    b.copy_(saved)
             self._skip_nonfinite(micro_batches, out, grad_norm)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -259,7 +274,8 @@ class Engine:
         self.state.nonfinite_steps += 1
         self.state.skipped_samples["nonfinite_step_batches"] += len(micro_batches)
         keys = [k for b in micro_batches for k in b.get("keys", [])][:8]
-        msg = (f"step {self.state.step + 1}: non-finite loss {float(out['loss'])} or gradient norm {grad_norm}; "
+        loss = float(out["loss"].detach())
+        msg = (f"step {self.state.step + 1}: non-finite loss {loss} or gradient norm {grad_norm}; "
                f"step skipped (first keys {keys}, state {self.unwrapped.log_state()})")
         log.warning(msg)
         if self.state.nonfinite_steps >= self.cfg.max_nonfinite_steps:
@@ -340,14 +356,45 @@ class Engine:
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
         if self.acc.is_main_process:
             tmp = self.ckpt_dir / f".tmp_step_{self.state.step:08d}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            self.save_model(self.unwrapped, tmp / "model.pt")
-            atomic_torch_save(self._training_state(), tmp / "state.pt")
-            publish_dir(tmp, final)
-            atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                self.save_model(self.unwrapped, tmp / "model.pt")
+                atomic_torch_save(self._training_state(), tmp / "state.pt")
+                publish_dir(tmp, final)
+                atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")
+            except BaseException as exn:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not isinstance(exn, (OSError, RuntimeError)):
+                    raise
+                # torch.save on a full disk says only "unexpected pos N vs M": name what failed
+                pointer = self.ckpt_dir / "latest"
+                previous = pointer.read_text().strip() if pointer.is_file() else None
+                msg = (f"could not write checkpoint {final} (disk full or not writable?): "
+                       f"{type(exn).__name__}: {exn}; " +
+                       (f"the previous checkpoint {self.ckpt_dir / previous} is intact and {pointer} still points "
+                        "at it: free space and continue with train.resume=latest" if previous
+                        else "no earlier checkpoint exists"))
+                code = exn.errno if isinstance(exn, OSError) else None  # ENOSPC stays visible to callers
+                raise (CheckpointWriteError(code, msg) if code else CheckpointWriteError(msg)) from exn
         self.acc.wait_for_everyone()
         return final
+
+    def _tidy_interrupted_writes(self) -> None:
+        """Before a resume: undo or remove what checkpoint writes killed mid-way left behind (a
+        step folder moved aside while being replaced, temp folders and files; nothing reads them)."""
+        if not self.ckpt_dir.is_dir():
+            return
+        for old in self.ckpt_dir.glob(".step_*.old"):
+            final = self.ckpt_dir / old.name[1:-len(".old")]
+            if recover_dir(final):
+                log.warning("restored %s, left aside by a checkpoint write that was interrupted", final)
+        for junk in [*self.ckpt_dir.glob(".tmp_step_*"), *self.ckpt_dir.glob(".latest.*.tmp")]:
+            log.info("removing %s, left by an interrupted checkpoint write", junk)
+            if junk.is_dir():
+                shutil.rmtree(junk, ignore_errors=True)
+            else:
+                junk.unlink(missing_ok=True)
 
     def _training_state(self) -> dict[str, Any]:
         return {

@@ -51,7 +51,10 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
 
 
 def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
-    """Move a fully written directory into place; an older one of the same name is replaced."""
+    """Move a fully written directory into place; an older one of the same name is replaced.
+
+    Replacing takes two renames (old -> `.NAME.old`, new -> NAME); a process killed between them
+    leaves NAME missing and the old version at `.NAME.old`, which `recover_dir` puts back."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     if final_dir.exists():
         old = final_dir.with_name(f".{final_dir.name}.old")
@@ -61,3 +64,17 @@ def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp_dir, final_dir)
+
+
+def recover_dir(final_dir: str | Path) -> bool:
+    """Undo a `publish_dir` interrupted between its two renames: move `.NAME.old` back to NAME if
+    NAME is missing (True), else drop a leftover `.NAME.old`. Only while nothing publishes NAME."""
+    final_dir = Path(final_dir)
+    old = final_dir.with_name(f".{final_dir.name}.old")
+    if not old.is_dir():
+        return False
+    if final_dir.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        return False
+    os.replace(old, final_dir)
+    return True

@@ -120,6 +120,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for pointer in (p / "checkpoints" / "latest", p / "latest"):
         if pointer.is_file():
             target = pointer.parent / pointer.read_text().strip()
+            aside = target.with_name(f".{target.name}.old")  # a replacement killed mid-way (io.publish_dir)
+            if not target.exists() and (aside / "model.pt").is_file():
+                log.warning("%s is missing; reading %s, left aside by an interrupted checkpoint write "
+                            "(a resumed run puts it back)", target, aside)
+                return aside
             if not (target / "model.pt").is_file():
                 raise FileNotFoundError(f"{pointer} points at {target}, which has no model.pt")
             return target
@@ -195,7 +200,12 @@ def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float
     weights = Path(path) if Path(path).is_file() else step_dir / "model.pt"
     if not weights.is_file():
         raise FileNotFoundError(f"checkpoint weights not found: {weights}")
-    bundle = create_clip(meta["model"], str(weights), device=device)
+    try:
+        bundle = create_clip(meta["model"], str(weights), device=device)
+    except ValueError as exn:
+        trained = ((meta.get("config") or {}).get("model") or {}).get("name")
+        also = f"; its run config says model {trained!r}" if trained and trained != meta["model"] else ""
+        raise ValueError(f"{exn} (model {meta['model']!r} is named in {meta_path}{also})") from None
     bundle.model.eval()
     return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
                      {"checkpoint": str(step_dir), "pretrained": str(weights), "logit_scale": meta.get("logit_scale"),
@@ -209,7 +219,20 @@ def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", 
     if looks_like_file and not Path(pretrained).is_file():  # a tag has neither; open_clip would try to download
         raise FileNotFoundError(f"pretrained weights not found: {pretrained}")
     scorers = scorers_for_mode(mode, gamma_q, gamma_d)
-    bundle = create_clip(model, pretrained, device=device)
+    try:
+        bundle = create_clip(model, pretrained, device=device)
+    except ValueError as exn:
+        meta_path = Path(pretrained).parent / CHECKPOINT_META if looks_like_file else None
+        if meta_path is None or not meta_path.is_file():
+            raise
+        try:
+            trained = json.loads(meta_path.read_text()).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            trained = None
+        if not isinstance(trained, str):
+            raise
+        raise ValueError(f"{exn} ({meta_path} says it was trained as model {trained!r}: evaluate it with "
+                         f"--checkpoint {meta_path.parent})") from None
     bundle.model.eval()
     return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
                      {"checkpoint": None, "pretrained": pretrained, "scorers_from": "--mode"})

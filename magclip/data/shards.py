@@ -101,12 +101,25 @@ def _check_exist(urls: Iterable[str]) -> None:
             raise FileNotFoundError(f"shard not found: {path}{origin}")
 
 
+class _StrictTarInfo(tarfile.TarInfo):
+    """tarfile ends an archive silently at an invalid header after the first member (a bad
+    checksum looks like the end); this raises instead, so the damage is counted."""
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.InvalidHeaderError as exn:
+            raise tarfile.SubsequentHeaderError(f"invalid header at byte {tar.offset}: {exn}") from None
+
+
 def _tar_files(fileobj: Any) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """(name, read) for each regular non-metadata member of a tar stream; raises on damage.
 
-    tarfile alone treats a file cut at a header boundary as a normal end. A proper end is a zero
-    block after the last member, which tarfile has read (pos >= offset + 512) when it stops."""
-    tar = tarfile.open(fileobj=fileobj, mode="r|*")
+    tarfile alone treats a file cut at a header boundary, or a corrupt header after the first
+    member, as a normal end. A proper end is a zero block after the last member, which tarfile
+    has read (pos >= offset + 512) when it stops; a corrupt header raises (`_StrictTarInfo`)."""
+    tar = tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_StrictTarInfo)
     for info in tar:
         if info.isreg() and not _META.search(info.name):
             yield info.name, tar.extractfile(info).read  # type: ignore[union-attr]

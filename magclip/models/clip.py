@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -208,9 +209,18 @@ def create_clip(
     `open_clip.create_model_and_transforms` (e.g. precision, force_image_size).
     """
     name = _resolve_model_name(model)
-    clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
-        name, pretrained=pretrained, device=device, **model_kwargs
-    )
+    try:
+        clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+            name, pretrained=pretrained, device=device, **model_kwargs
+        )
+    except RuntimeError as exn:
+        if pretrained is None or not Path(pretrained).is_file() or "loading state_dict" not in str(exn):
+            raise
+        # torch lists every key and shape (kilobytes); say what does not fit, briefly
+        raise ValueError(
+            f"checkpoint {pretrained} does not fit model {name!r} ({_mismatch_summary(str(exn))}): "
+            "it was saved from another model config; pass the model it was trained with"
+        ) from None
     if lock_image:
         clip.lock_image_tower()
     if lock_text:
@@ -219,6 +229,23 @@ def create_clip(
         clip.set_grad_checkpointing(True)
     tokenizer = open_clip.get_tokenizer(name)
     return ClipBundle(RawCLIP(clip), preprocess_train, preprocess_val, tokenizer, name)
+
+
+def _mismatch_summary(message: str, show: int = 3) -> str:
+    """A short summary of torch's `load_state_dict` error: missing/unexpected keys, size mismatches."""
+    parts = []
+    for label, pattern in (("missing", r"Missing key\(s\) in state_dict: (.*)"),
+                           ("unexpected", r"Unexpected key\(s\) in state_dict: (.*)")):
+        found = re.search(pattern, message)
+        if found:
+            keys = re.findall(r'"([^"]+)"', found.group(1))
+            parts.append(f"{len(keys)} {label} keys, e.g. {', '.join(keys[:show])}")
+    sizes = re.findall(r"size mismatch for (\S+): copying a param with shape torch.Size\((\[[^\]]*\])\) from "
+                       r"checkpoint, the shape in current model is torch.Size\((\[[^\]]*\])\)", message)
+    if sizes:
+        shown = "; ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in sizes[:show])
+        parts.append(f"{len(sizes)} shape mismatches, e.g. {shown}")
+    return "; ".join(parts) or message.splitlines()[0][:300]
 
 
 # ----------------------------------------------------------------------------- checkpoints
