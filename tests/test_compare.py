@@ -231,7 +231,7 @@ def test_failing_cell_is_reported_and_the_grid_goes_on(tmp_path):
 # ----------------------------------------------------------------------------- shipped grids
 
 
-@pytest.mark.parametrize("name, cells", [("synthetic", 8), ("clip_emoji", 12)])
+@pytest.mark.parametrize("name, cells", [("synthetic", 16), ("clip_emoji", 12), ("text_beir", 5)])
 def test_shipped_grids_load_validate_and_print(name, cells, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     path = f"configs/compare/{name}.yaml"
