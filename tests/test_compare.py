@@ -231,8 +231,9 @@ def test_failing_cell_is_reported_and_the_grid_goes_on(tmp_path):
 # ----------------------------------------------------------------------------- shipped grids
 
 
-@pytest.mark.parametrize("name, cells", [("synthetic", 16), ("clip_emoji", 12), ("text_beir", 5)])
-def test_shipped_grids_load_validate_and_print(name, cells, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name, cells, launcher", [("synthetic", 16, "clip"), ("clip_emoji", 12, "clip"),
+                                                   ("text_beir", 5, "text")])
+def test_shipped_grids_load_validate_and_print(name, cells, launcher, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     path = f"configs/compare/{name}.yaml"
     grid = load_grid(path, output_dir=tmp_path)
@@ -240,7 +241,8 @@ def test_shipped_grids_load_validate_and_print(name, cells, tmp_path, capsys, mo
     assert len(grid.cells()) == cells
     assert _cli()(["--grid", path, "--output-dir", str(tmp_path), "--print-commands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == cells and all(line.startswith("python train/clip.py --config configs/clip/") for line in lines)
+    prefix = f"python train/{launcher}.py --config configs/{launcher}/"
+    assert len(lines) == cells and all(line.startswith(prefix) for line in lines)
 
 
 # ----------------------------------------------------------------------------- end to end
