@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from magclip.io import atomic_write_text
 from magclip.similarity import MODES
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -214,4 +215,4 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
