@@ -79,6 +79,7 @@ class TrainConfig:
     max_steps: int | None = None      # stop early after this many optimizer steps
     batch_size: int = 128             # per process
     lr: float = 1e-3
+    loss_lr: float | None = None      # learning rate of the logit scale and exponents; None = lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.98

@@ -80,17 +80,27 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
                        cpu=not torch.cuda.is_available())
 
 
-def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """No decay on 1-D tensors (norms, biases, embeddings' gains), the logit scale and the exponents."""
-    decay, no_decay = [], []
+def param_groups(module: nn.Module, weight_decay: float, loss_lr: float | None = None) -> list[dict]:
+    """No decay on 1-D tensors (norms, biases, embeddings' gains), the logit scale and the exponents.
+
+    With `loss_lr`, the loss's own parameters (logit scale, exponents) get that learning rate: at a
+    fine-tuning rate such as 2e-5 they would otherwise barely move.
+    """
+    own_lr = {id(p) for p in module.loss_parameters()} if loss_lr is not None else set()
+    decay, no_decay, loss_side = [], [], []
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        if p.ndim < 2 or "logit_scale" in name or "gamma_" in name:
+        if id(p) in own_lr:
+            loss_side.append(p)
+        elif p.ndim < 2 or "logit_scale" in name or "gamma_" in name:
             no_decay.append(p)
         else:
             decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if loss_side:
+        groups.append({"params": loss_side, "weight_decay": 0.0, "lr": loss_lr})
+    return groups
 
 
 def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
@@ -122,7 +132,7 @@ class Engine:
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
         self.save_model = save_model
         self.evaluate = evaluate
-        optimizer = torch.optim.AdamW(param_groups(module, cfg.weight_decay), lr=cfg.lr,
+        optimizer = torch.optim.AdamW(param_groups(module, cfg.weight_decay, cfg.loss_lr), lr=cfg.lr,
                                       betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, self.total_steps))
         # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would

@@ -81,3 +81,15 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
     assert json.loads((out / "world.json").read_text()) == {"world_size": 2}
     two = torch.load(out / "weights.pt")
     assert_same_weights(one, two)
+
+
+def test_loss_parameters_can_have_their_own_learning_rate():
+    from magclip.engine import param_groups
+
+    loss_cfg = LossConfig(i2t="learnable", t2i="learnable")
+    module = CLIPTrainModule(create_clip("tiny-resnet").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
+    groups = param_groups(module, weight_decay=0.1, loss_lr=0.05)
+    own = {id(p) for p in module.loss_parameters()}
+    assert own and {id(p) for p in groups[-1]["params"]} == own and groups[-1]["lr"] == 0.05
+    assert not own & {id(p) for g in groups[:-1] for p in g["params"]}
+    assert len(param_groups(module, weight_decay=0.1)) == 2
