@@ -64,8 +64,8 @@ from magclip.clip_training import CHECKPOINT_META, chance_recall_at_1, eval_scor
 from magclip.data.shards import (
     DEFAULT_MAX_IMAGE_PIXELS,
     IMAGE_EXTS,
-    _check_exist,
-    _tar_files,
+    check_shards_exist,
+    tar_members,
     expand_sources,
     load_image,
 )
@@ -385,7 +385,7 @@ def _iter_grouped(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str,
             continue
         key, members = None, {}
         try:
-            for name, read in _tar_files(stream):
+            for name, read in tar_members(stream):
                 base, ext = wds.tariterators.base_plus_ext(name)
                 if base is None:
                     continue
@@ -438,7 +438,7 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     (raised while reading, before the rest is encoded).
     """
     flat = [u for src in expand_sources(urls) for u in src]
-    _check_exist(flat)
+    check_shards_exist(flat)
     skipped: Counter[str] = Counter()
     keys: list[str] = []
     caps: list[str] = []

@@ -6,6 +6,15 @@ judged non-relevant, which nDCG and MAP treat as such), and queries without any 
 split are dropped. `doc_text` joins title and text with one space, as BEIR's sentence-transformers
 wrapper and MTEB do ((title + " " + text).strip()).
 
+Bad input never turns into a silent zero. Clear errors (naming the file, and the id or line where
+there is one): a missing file (the split's qrels: the error lists the splits that exist), an empty
+corpus.jsonl, a qrels file without judgements, a malformed qrels line, judged query ids missing
+from queries.jsonl, qrels none of whose documents are in the corpus. Counted warnings (logged, and
+kept in `BeirData.warnings`): judged queries with no text are dropped, with their judgements
+(`queries_without_text`); qrels lines naming a document that is not in the corpus are kept, as
+BEIR keeps them, so they count against recall (`qrels_unknown_docs`), and queries left without
+any known relevant document are counted (`queries_without_known_relevant`: they score 0).
+
 `beir_to_pairs` turns a split's qrels (normally `train`) into training pairs: one record per query
 with every relevant document (score >= `min_score`) as `positive` and optionally `random_negatives`
 documents drawn from the rest of the corpus as `negatives`.
@@ -15,10 +24,13 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
+
+log = logging.getLogger("magclip.data.beir")
 
 
 @dataclass
@@ -28,6 +40,7 @@ class BeirData:
     queries: dict[str, str]               # query id -> text (only queries judged in the split)
     qrels: dict[str, dict[str, int]]      # query id -> {doc id: relevance}
     split: str
+    warnings: dict[str, int] = field(default_factory=dict)  # counted problems in the input (see module doc)
 
     def doc_ids(self) -> list[str]:
         return list(self.corpus)
@@ -49,7 +62,7 @@ class BeirData:
         else:
             keep = set(self.corpus)
         corpus = {d: v for d, v in self.corpus.items() if d in keep}
-        return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split)
+        return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split, dict(self.warnings))
 
 
 def doc_text(doc: dict[str, str]) -> str:
@@ -68,9 +81,12 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
 
 
 def read_corpus(folder: str | Path) -> dict[str, dict[str, str]]:
+    path = Path(folder) / "corpus.jsonl"
     corpus = {}
-    for row in read_jsonl(Path(folder) / "corpus.jsonl"):
+    for row in read_jsonl(path):
         corpus[str(row["_id"])] = {"title": row.get("title") or "", "text": row.get("text") or ""}
+    if not corpus:
+        raise ValueError(f"{path}: empty corpus (no documents)")
     return corpus
 
 
@@ -92,7 +108,11 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         for row in reader:
             if not row:
                 continue
-            qid, did, score = row[0], row[1], int(float(row[2]))
+            try:
+                qid, did, score = row[0], row[1], int(float(row[2]))
+            except (IndexError, ValueError):
+                raise ValueError(f"{path}:{reader.line_num}: expected query-id<TAB>corpus-id<TAB>score, "
+                                 f"got {row!r}") from None
             qrels.setdefault(qid, {})[did] = score
     return qrels
 
@@ -102,15 +122,42 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     qrels_file = folder / "qrels" / f"{split}.tsv"
     for needed in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
         if not needed.is_file():
-            raise FileNotFoundError(f"{folder} is not a BEIR folder with split {split!r}: {needed} is missing")
+            splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if needed == qrels_file else []
+            raise FileNotFoundError(f"{folder} is not a BEIR folder with split {split!r}: {needed} is missing"
+                                    + (f" (splits found: {', '.join(splits)})" if splits else ""))
     corpus = read_corpus(folder)
     all_queries = read_queries(folder)
     qrels = read_qrels(qrels_file)
+    if not qrels:
+        raise ValueError(f"{qrels_file}: no judgements")
     missing = [q for q in qrels if q not in all_queries]
     if missing:
         raise ValueError(f"{qrels_file}: {len(missing)} judged query ids are not in queries.jsonl, e.g. {missing[:3]}")
+    warnings: dict[str, int] = {}
+    empty = [q for q in qrels if not all_queries[q].strip()]
+    if empty:
+        warnings["queries_without_text"] = len(empty)
+        log.warning("%s: %d judged queries have no text in queries.jsonl and are left out, e.g. %s",
+                    folder, len(empty), empty[:3])
+        dropped = set(empty)
+        qrels = {q: docs for q, docs in qrels.items() if q not in dropped}
+        if not qrels:
+            raise ValueError(f"{folder / 'queries.jsonl'}: none of the {len(empty)} queries judged in {qrels_file} "
+                             f"has text, e.g. {empty[:3]}")
+    unknown = [(q, d) for q, docs in qrels.items() for d in docs if d not in corpus]
+    if unknown:
+        if len(unknown) == sum(len(docs) for docs in qrels.values()):
+            raise ValueError(f"{qrels_file}: none of the judged documents is in {folder / 'corpus.jsonl'}, "
+                             f"e.g. {unknown[0][1]!r} (query {unknown[0][0]!r}); wrong corpus?")
+        orphans = [q for q, docs in qrels.items() if not any(s >= 1 and d in corpus for d, s in docs.items())
+                   and any(s >= 1 for s in docs.values())]
+        warnings["qrels_unknown_docs"] = len(unknown)
+        warnings["queries_without_known_relevant"] = len(orphans)
+        log.warning("%s: %d judgements name documents that are not in corpus.jsonl (kept, as BEIR does: they count "
+                    "against recall), e.g. %s; %d queries have no relevant document in the corpus and score 0",
+                    qrels_file, len(unknown), [d for _, d in unknown[:3]], len(orphans))
     queries = {q: all_queries[q] for q in all_queries if q in qrels}
-    return BeirData(folder.name, corpus, queries, qrels, split)
+    return BeirData(folder.name, corpus, queries, qrels, split, warnings)
 
 
 def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | None = None, *, min_score: int = 1,

@@ -93,7 +93,7 @@ def _local_path(url: str) -> Path | None:
     return Path(url) if scheme == "" else None
 
 
-def _check_exist(urls: Iterable[str]) -> None:
+def check_shards_exist(urls: Iterable[str]) -> None:
     for url in urls:
         path = _local_path(url)
         if path is not None and not path.is_file():
@@ -113,7 +113,7 @@ class _StrictTarInfo(tarfile.TarInfo):
             raise tarfile.SubsequentHeaderError(f"invalid header at byte {tar.offset}: {exn}") from None
 
 
-def _tar_files(fileobj: Any) -> Iterator[tuple[str, Callable[[], bytes]]]:
+def tar_members(fileobj: Any) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """(name, read) for each regular non-metadata member of a tar stream; raises on damage.
 
     tarfile alone treats a file cut at a header boundary, or a corrupt header after the first
@@ -133,7 +133,7 @@ def _count_tar(path: Path) -> int:
     keys: set[str] = set()
     try:
         with open(path, "rb") as f:
-            for name, _ in _tar_files(f):
+            for name, _ in tar_members(f):
                 key, _ = base_plus_ext(name)
                 if key is not None:
                     keys.add(key)
@@ -232,7 +232,7 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
         url, stream = source["url"], source["stream"]
         status = "reading"
         try:
-            for name, read in _tar_files(stream):
+            for name, read in tar_members(stream):
                 yield {"fname": name, "data": read(), "__url__": url}
             status = "done"
         except Exception as exn:
@@ -542,7 +542,7 @@ def build_clip_loader(
         raise ValueError(f"batch_size must be >= 1 and workers >= 0, got {batch_size}, {workers}")
     sources = expand_sources(urls)
     flat = [u for src in sources for u in src]
-    _check_exist(flat)
+    check_shards_exist(flat)
     source_weights = _parse_weights(weights, len(sources))
     if source_weights is not None and not resampled:
         raise ValueError("weights need resampled=True (without resampling every shard is read once per pass)")
