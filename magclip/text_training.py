@@ -249,6 +249,7 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
         if len(by_mode) > 1:
             entry["modes"] = by_mode
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
+        entry["warnings"] = dict(data.warnings)  # counted input problems (unknown docs, empty queries, ...)
         results[data.name] = entry
     return results
 
