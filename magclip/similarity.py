@@ -154,7 +154,7 @@ def _initial_gammas(mode: str, gamma_q: float | None, gamma_d: float | None) -> 
 def _scale_by_norm(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """x / ||x||^gamma in float32; exact x / ||x|| at gamma=1 and exact x at gamma=0."""
     with torch.autocast(device_type=x.device.type, enabled=False):
-        x = x.float()
+        x = x.to(torch.promote_types(x.dtype, torch.float32))  # float32 at least; float64 stays
         norm = x.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
         return x / norm.pow(_clip_unit(gamma).to(x.device))
 

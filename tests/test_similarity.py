@@ -109,3 +109,8 @@ def test_build_from_spec():
 def test_transposed_scores_the_other_way_round(scorer):
     q, d = _features(5, seed=12), _features(6, seed=13)
     torch.testing.assert_close(scorer.transposed()(d, q), scorer(q, d).T.detach())
+
+
+def test_float64_features_stay_float64():
+    q, d = _features(3).double(), _features(4).double()
+    assert Scorer("qnorm")(q, d).dtype == torch.float64

@@ -1,0 +1,321 @@
+"""Magnitude diagnostics and the Fisher-information predictor for a text bi-encoder or a CLIP model.
+
+Writes OUT/diagnostics.json and PNG plots into OUT/, prints a short summary. Library:
+`magclip.diagnostics.magnitude` (norm statistics, Cohen's d of norms by relevance with bootstrap
+CIs, plots) and `magclip.diagnostics.fisher` (empirical Fisher per scoring mode, its spectrum and
+condition number, a qnorm-vs-dnorm recommendation); their docstrings say exactly what is computed.
+
+Text (BEIR folder; MiniLM on a SciFact subset: ~6.5 min on one busy CPU thread, most of it the two
+float64 Fisher passes over 48 pairs):
+    OMP_NUM_THREADS=1 python eval/diagnose.py --text-model minilm --beir ../shared/data/text/scifact \\
+        --max-queries 100 --max-docs 1000 --fisher-pairs 48 --logit-scale default matched \\
+        --out runs/diagnose/scifact_minilm
+
+A magclip CLIP checkpoint (run folder -> checkpoints/latest) on shards; its metrics.jsonl is plotted:
+    OMP_NUM_THREADS=1 python eval/diagnose.py --checkpoint /tmp/runs/emoji \\
+        --data ../shared/data/emoji/id_novel-000000.tar --logit-scale default matched --out runs/diagnose/emoji
+
+A randomly initialised open_clip model on the embedded synthetic validation shards (BatchNorm
+uses batch statistics for a random init, see --batchnorm):
+    MAGCLIP_CACHE=/tmp/mc_cache OMP_NUM_THREADS=1 python eval/diagnose.py --model tiny-resnet --synthetic \\
+        --logit-scale default matched --out runs/diagnose/synthetic_init
+
+Training curves only (gamma_q/gamma_d, logit scale, norms from a run's metrics.jsonl):
+    python eval/diagnose.py --metrics runs/compare/synthetic/runs/loss=qnorm,seed=0/metrics.jsonl --out /tmp/curves
+
+Outputs: diagnostics.json {"magnitude": ..., "fisher": {rule: ...}, "plots": [...]},
+norm_hist.png, norm_vs_rank.png, fisher_spectrum.png, training.png (when a metrics.jsonl is known).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np
+import torch
+from torch import nn
+
+import magclip
+from magclip.diagnostics import fisher as fim
+from magclip.diagnostics import magnitude as mag
+from magclip.io import atomic_write_json
+from magclip.similarity import MODES, Scorer
+
+log = logging.getLogger("magclip.diagnose")
+SPECTRUM_FLOOR = 1e-18  # plotted eigenvalue ratios below this are drawn at it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_argument_group("model (one of)")
+    src.add_argument("--text-model", help="text bi-encoder: minilm, a magclip/sentence-transformers folder or a hub name")
+    src.add_argument("--checkpoint", help="magclip CLIP run folder, checkpoint step folder, or its model.pt")
+    src.add_argument("--model", help="open_clip model name (random init without --pretrained)")
+    src.add_argument("--pretrained", help="with --model: open_clip pretrained tag or weights file")
+    data = p.add_argument_group("data")
+    data.add_argument("--beir", help="with --text-model: a BEIR folder")
+    data.add_argument("--split", default="test")
+    data.add_argument("--max-queries", type=int, help="BEIR subset: first N queries")
+    data.add_argument("--max-docs", type=int, help="BEIR subset: their judged documents + others up to N")
+    data.add_argument("--data", help="CLIP: webdataset shards (brace pattern)")
+    data.add_argument("--synthetic", action="store_true", help="CLIP: the embedded synthetic validation shards")
+    data.add_argument("--metrics", help="a run's metrics.jsonl to plot (default: the checkpoint's run, if any)")
+    mg = p.add_argument_group("magnitude")
+    mg.add_argument("--mode", choices=MODES, help="scorer that ranks candidates (default: the model's own; "
+                    "cosine for a plain model)")
+    mg.add_argument("--gamma-q", type=float)
+    mg.add_argument("--gamma-d", type=float)
+    mg.add_argument("--k", type=int, default=10, help="top-k non-relevant candidates per anchor (%(default)s)")
+    mg.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (%(default)s)")
+    mg.add_argument("--max-samples", type=int, default=2000, help="CLIP: at most this many samples (%(default)s)")
+    fi = p.add_argument_group("fisher")
+    fi.add_argument("--fisher-modes", nargs="+", default=list(fim.DEFAULT_MODES), choices=MODES)
+    fi.add_argument("--candidates", nargs="+", default=list(fim.CANDIDATES), help="modes the recommendation picks from")
+    fi.add_argument("--fisher-pairs", type=int, help="held-out pairs (default 128 CLIP, 48 text)")
+    fi.add_argument("--block", nargs="+", default=["projection"],
+                    help="'projection' (default), 'all', or regexes of parameter names")
+    fi.add_argument("--logit-scale", nargs="+", default=["default"],
+                    help="'default', 'matched' and/or numbers: one Fisher result per entry")
+    fi.add_argument("--directions", nargs="+", default=["i2t", "t2i"], help="CLIP rows (%(default)s)")
+    fi.add_argument("--doc-to-query", action="store_true", help="text: add document->query rows")
+    fi.add_argument("--batchnorm", choices=("auto", "eval", "batch"), default="auto",
+                    help="auto: batch statistics for a random init, running statistics otherwise")
+    fi.add_argument("--fisher-dtype", choices=("float64", "float32"), default="float64")
+    fi.add_argument("--rtol", type=float, help="non-null cut (default 1000 * rows * eps)")
+    p.add_argument("--skip-fisher", action="store_true")
+    p.add_argument("--skip-magnitude", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True, help="output folder")
+    return p
+
+
+def _scale_specs(values: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        out.append(v if v in ("default", "matched") else float(v))
+    return out
+
+
+def _set_batchnorm(model: nn.Module, mode: str) -> nn.Module:
+    """A copy whose BatchNorm layers use batch statistics ("batch"), or the model itself ("eval")."""
+    if mode != "batch":
+        return model
+    model = copy.deepcopy(model).eval()
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.train()
+    return model
+
+
+def run_text(args, out: Path) -> dict[str, Any]:
+    from magclip.data.beir import load_beir
+    from magclip.models.text import BiEncoder
+
+    if not args.beir:
+        raise SystemExit("--text-model needs --beir FOLDER")
+    model = BiEncoder.from_pretrained(args.text_model)
+    data = load_beir(args.beir, args.split)
+    if args.max_queries or args.max_docs:
+        data = data.subset(args.max_queries, args.max_docs)
+    scorer = _scorer(args, model.default_scorer)
+    res: dict[str, Any] = {"kind": "text", "model": args.text_model, "data": args.beir, "split": args.split,
+                           "max_queries": args.max_queries, "max_docs": args.max_docs}
+    if not args.skip_magnitude:
+        summary, samples = mag.beir_magnitude_report(model, data, scorer, k=args.k, n_boot=args.n_boot,
+                                                     seed=args.seed, batch_size=args.batch_size, device=args.device)
+        res["magnitude"] = summary
+        _magnitude_plots(summary, samples, out, f"{args.text_model} on {data.name} ({scorer.mode})", res)
+    if not args.skip_fisher:
+        q, d, qids, _dids = fim.beir_pairs(data, args.fisher_pairs or 48, seed=args.seed)
+        res["fisher"] = {}
+        for spec in _scale_specs(args.logit_scale):
+            log.info("fisher: %d pairs, logit scale %s", len(q), spec)
+            r = fim.text_fisher(model, q, d, modes=args.fisher_modes, doc_to_query=args.doc_to_query,
+                                block=_block(args.block), logit_scale=spec, dtype=getattr(torch, args.fisher_dtype),
+                                rtol=args.rtol, candidates=args.candidates, device=args.device)
+            r["setup"]["query_ids"] = qids
+            res["fisher"][str(spec)] = r
+    return res
+
+
+def run_clip(args, out: Path) -> dict[str, Any]:
+    from magclip.clip_training import encode_loader
+    from magclip.data.shards import build_clip_loader
+    from magclip.zeroshot import load_checkpoint, load_open_clip
+
+    random_init = False
+    if args.checkpoint:
+        model = load_checkpoint(args.checkpoint, mode=args.mode, gamma_q=args.gamma_q, gamma_d=args.gamma_d,
+                                device=args.device)
+        metrics = args.metrics
+        if metrics is None:
+            for parent in Path(model.source["checkpoint"]).parents[:3]:
+                if (parent / "metrics.jsonl").is_file():
+                    metrics = str(parent / "metrics.jsonl")
+                    break
+        args.metrics = metrics
+    else:
+        model = load_open_clip(args.model, args.pretrained, mode=args.mode or "cosine", gamma_q=args.gamma_q,
+                               gamma_d=args.gamma_d, device=args.device)
+        random_init = args.pretrained is None
+    if args.synthetic:
+        from magclip.data.synthetic import ensure_synthetic
+        urls = ensure_synthetic().val_urls
+    elif args.data:
+        urls = args.data
+    else:
+        raise SystemExit("CLIP needs --data SHARDS or --synthetic")
+    bn = args.batchnorm if args.batchnorm != "auto" else ("batch" if random_init else "eval")
+    res: dict[str, Any] = {"kind": "clip", "model": model.model_name, "checkpoint": model.source.get("checkpoint"),
+                           "pretrained": model.source.get("pretrained"), "random_init": random_init, "data": urls,
+                           "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "batchnorm": bn}
+    if not args.skip_magnitude:
+        clip = _set_batchnorm(model.clip, bn)
+        loader = build_clip_loader(urls, preprocess=model.preprocess, tokenizer=model.tokenizer,
+                                   batch_size=max(args.batch_size, 128), num_samples=None, shuffle=False, workers=0,
+                                   rank=0, world_size=1, drop_last=False)
+        enc = encode_loader(clip, _take(loader, args.max_samples), args.device)
+        n = min(args.max_samples, enc["image_features"].shape[0])
+        summary, samples = mag.clip_magnitude_report(enc["image_features"][:n], enc["text_features"][:n],
+                                                     enc["captions"][:n], model.scorers, k=args.k,
+                                                     n_boot=args.n_boot, seed=args.seed)
+        res["magnitude"] = summary
+        _magnitude_plots(summary, samples, out, f"{model.model_name} ({res['scorers']['i2t']['mode']})", res)
+    if not args.skip_fisher:
+        images, texts, caps = fim.clip_pairs(urls, model.preprocess, model.tokenizer, args.fisher_pairs or 128)
+        res["fisher"] = {}
+        for spec in _scale_specs(args.logit_scale):
+            log.info("fisher: %d pairs, logit scale %s", len(caps), spec)
+            res["fisher"][str(spec)] = fim.clip_fisher(
+                model.clip, images, texts, modes=args.fisher_modes, directions=args.directions,
+                block=_block(args.block), logit_scale=spec, dtype=getattr(torch, args.fisher_dtype), rtol=args.rtol,
+                candidates=args.candidates, batchnorm=bn, device=args.device)
+    return res
+
+
+def _take(loader, n: int):
+    seen = 0
+    for batch in loader:
+        yield batch
+        seen += len(batch["keys"])
+        if seen >= n:
+            return
+
+
+def _scorer(args, default: dict) -> Scorer:
+    if args.mode:
+        return Scorer(args.mode, args.gamma_q, args.gamma_d) if args.mode in ("fixed", "learnable") else Scorer(args.mode)
+    if default.get("mode") == "learnable":
+        return Scorer("fixed", default["gamma_q"], default["gamma_d"])
+    return Scorer.build(default)
+
+
+def _block(values: list[str]):
+    return values[0] if len(values) == 1 and values[0] in ("projection", "all") else values
+
+
+def _magnitude_plots(summary, samples, out: Path, title: str, res: dict) -> None:
+    res.setdefault("plots", [])
+    res["plots"].append(str(mag.plot_norm_histograms(samples, summary, out / "norm_hist.png", title)))
+    res["plots"].append(str(mag.plot_norm_vs_rank(samples, summary, out / "norm_vs_rank.png", title)))
+
+
+def plot_fisher_spectra(fisher: dict[str, Any], path: Path) -> Path | None:
+    """Normalized eigenvalues (lambda / lambda_max) per mode, one panel per logit-scale rule."""
+    if not fisher:
+        return None
+    mag._plt()
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(fisher), figsize=(5.5 * len(fisher), 3.8), squeeze=False)
+    for ax, (rule, r) in zip(axes[0], fisher.items()):
+        for mode, m in r["modes"].items():
+            ev = np.asarray(m["eigenvalues"])
+            if ev.size and ev[0] > 0:
+                ax.semilogy(np.arange(1, ev.size + 1), np.maximum(ev / ev[0], SPECTRUM_FLOOR),
+                            label=f"{mode}: κ={m['kappa']:.3g} ({m['n_nonnull']} non-null)")
+            ax.axhline(m["rtol"], color="grey", lw=0.5, ls=":")
+        ax.set_ylim(SPECTRUM_FLOOR / 2, 2)
+        ax.set_xlabel("eigenvalue index")
+        ax.set_ylabel(f"λ / λmax (floored at {SPECTRUM_FLOOR:g})")
+        ax.set_title(f"logit scale: {rule}; recommends {r['recommendation']['mode']}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return mag._save(fig, path)
+
+
+def format_summary(res: dict[str, Any]) -> str:
+    lines = [f"{res['kind']} model {res.get('model')}  data {res.get('data')}"]
+    m = res.get("magnitude")
+    if m:
+        for side, stats in m["norms"].items():
+            lines.append(f"  {side:9s} norm  mean {stats['mean']:.3f}  std {stats['std']:.3f}  cv {stats['cv']:.3f}  "
+                         f"(n={stats['n']})")
+        for key in ("doc_side", "query_side"):
+            s = m[key]
+            d = s["doc_topk"]
+            lines.append(f"  Cohen's d, {s['candidates']} norms, relevant vs top-{s['k']} non-relevant "
+                         f"({s['scorer']['mode']}): {d['d']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] "
+                         f"(n={d['n_a']}/{d['n_b']})")
+            c = s.get("doc_corpus")
+            if c and "ci_low" in c:
+                lines.append(f"  Cohen's d, {s['candidates']} norms, relevant to any query vs the rest of the corpus: "
+                             f"{c['d']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+    for rule, r in (res.get("fisher") or {}).items():
+        rec = r["recommendation"]
+        kap = "  ".join(f"{mode} {v['kappa']:.3g} (scale {v['logit_scale']:.3g}, {v['n_nonnull']} nn)"
+                        for mode, v in r["modes"].items())
+        lines.append(f"  Fisher κ [{rule} scale, {r['setup']['rows']} rows, {r['setup']['block']['n_params']} params]: "
+                     f"{kap}")
+        ratio = rec.get("kappa_ratio")
+        lines.append(f"    -> recommends {rec['mode']} (κ ratio {ratio:.3g}; common-k check "
+                     f"{'agrees' if rec.get('agree') else 'DISAGREES'}; picks per rtol "
+                     f"{rec.get('mode_at_rtol')}: {'STABLE' if rec.get('stable') else 'UNSTABLE'}; "
+                     f"best overall {rec['best_overall']})" if ratio else f"    -> recommends {rec['mode']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.manual_seed(args.seed)
+    chosen = [x for x in (args.text_model, args.checkpoint, args.model) if x]
+    if len(chosen) > 1 or (not chosen and not args.metrics):
+        raise SystemExit("give one of --text-model, --checkpoint or --model (or only --metrics)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.text_model:
+        res = run_text(args, out)
+    elif args.checkpoint or args.model:
+        res = run_clip(args, out)
+    else:
+        res = {"kind": "metrics"}
+    res.setdefault("plots", [])
+    if res.get("fisher"):
+        res["plots"].append(str(plot_fisher_spectra(res["fisher"], out / "fisher_spectrum.png")))
+    if args.metrics:
+        p = mag.plot_training_curves(args.metrics, out / "training.png", title=str(args.metrics))
+        res["metrics"] = args.metrics
+        if p:
+            res["plots"].append(str(p))
+    res["magclip_version"] = magclip.__version__
+    res["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    atomic_write_json(out / "diagnostics.json", res)
+    if res["kind"] != "metrics":
+        print(format_summary(res))
+    print(f"results: {out / 'diagnostics.json'}   plots: {', '.join(Path(p).name for p in res['plots'])}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
