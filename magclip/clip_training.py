@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from magclip.config import LossConfig, RunConfig, dump_config, to_dict
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
-from magclip.engine import Engine, make_accelerator
+from magclip.engine import Engine, TrainModule, make_accelerator
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
@@ -33,34 +32,21 @@ log = logging.getLogger("magclip.clip")
 CHECKPOINT_META = "magclip.json"
 
 
-class CLIPTrainModule(nn.Module):
+class CLIPTrainModule(TrainModule):
     """open_clip model + logit scale + CLIPLoss; forward encodes, `compute_loss` scores."""
 
     feature_names = ("image", "text")
 
     def __init__(self, clip: RawCLIP, loss: CLIPLoss, logit_scale: LogitScale):
-        super().__init__()
+        super().__init__(loss, logit_scale)
         self.clip = clip
-        self.loss = loss
-        self.logit_scale = logit_scale
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.logit_scale.log_scale.device
         return self.clip(batch["images"].to(device, non_blocking=True), batch["texts"].to(device, non_blocking=True))
 
-    def compute_loss(self, image_features: torch.Tensor, text_features: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.loss(image_features, text_features, self.logit_scale())
-
-    def project_(self) -> None:
-        self.logit_scale.project_()
-        self.loss.project_()
-
-    def loss_parameters(self) -> list[nn.Parameter]:
-        """Parameters used by `compute_loss` directly rather than through the features."""
-        return [*self.logit_scale.parameters(), *self.loss.parameters()]
-
     def log_state(self) -> dict[str, float]:
-        state = {"logit_scale": self.logit_scale.value}
+        state = super().log_state()
         for direction, s in self.loss.scorer_state().items():
             state[f"gamma_q_{direction}"] = s["gamma_q"]
             state[f"gamma_d_{direction}"] = s["gamma_d"]

@@ -1,6 +1,6 @@
 """The accelerate training loop shared by the CLIP and text paths.
 
-A task supplies a `TrainModule` (forward = encode a micro-batch into features, `compute_loss` =
+A task subclasses `TrainModule` (forward = encode a micro-batch into features, `compute_loss` =
 the contrastive loss on features of the whole accumulated batch, `project_` = clip constrained
 parameters after a step) and a loader factory. The engine owns what every contrastive run needs:
 
@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -49,12 +49,33 @@ log = logging.getLogger("magclip.engine")
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
-class TrainModule(Protocol):
-    def forward(self, batch: dict) -> tuple[torch.Tensor, ...]: ...
-    def compute_loss(self, *features: torch.Tensor) -> dict[str, torch.Tensor]: ...
-    def project_(self) -> None: ...
-    def loss_parameters(self) -> Iterable[nn.Parameter]: ...
-    def log_state(self) -> dict[str, float]: ...
+class TrainModule(nn.Module):
+    """What the engine trains: encoders (the subclass's `forward(batch)` -> features), a contrastive
+    loss with its Scorers, and a logit scale. `compute_loss` runs on features of the whole
+    accumulated batch; the loss and the scale are the "loss parameters" that take part in every
+    micro-batch's loss (see `Engine._accumulated_backward`)."""
+
+    feature_names: tuple[str, ...] = ()
+
+    def __init__(self, loss: nn.Module, logit_scale: nn.Module):
+        super().__init__()
+        self.loss = loss
+        self.logit_scale = logit_scale
+
+    def compute_loss(self, *features: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.loss(*features, self.logit_scale())
+
+    def project_(self) -> None:
+        """Keep the scale and the exponents in range; called after every optimizer step."""
+        self.logit_scale.project_()
+        self.loss.project_()
+
+    def loss_parameters(self) -> list[nn.Parameter]:
+        """Parameters used by `compute_loss` directly rather than through the features."""
+        return [*self.logit_scale.parameters(), *self.loss.parameters()]
+
+    def log_state(self) -> dict[str, float]:
+        return {"logit_scale": self.logit_scale.value}
 
 
 class NonFiniteLossError(RuntimeError):

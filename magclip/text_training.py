@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from torch import nn
 
 from magclip.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from magclip.engine import Engine, TrainModule, make_accelerator
 from magclip.data.beir import BeirData, beir_to_pairs, doc_text, load_beir
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
 from magclip.io import atomic_write_json
@@ -165,33 +165,21 @@ def load_encoder(cfg: TextModelConfig) -> BiEncoder:
     return enc
 
 
-class TextTrainModule(nn.Module):
+class TextTrainModule(TrainModule):
     """Bi-encoder + logit scale + RetrievalLoss; forward encodes a batch, `compute_loss` scores it."""
 
     feature_names = ("query", "passage")
 
     def __init__(self, encoder: BiEncoder, loss: RetrievalLoss, logit_scale: LogitScale):
-        super().__init__()
+        super().__init__(loss, logit_scale)
         self.encoder = encoder
-        self.loss = loss
-        self.logit_scale = logit_scale
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(split_batch(batch, "query"), split_batch(batch, "passage"))
 
-    def compute_loss(self, queries: torch.Tensor, docs: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.loss(queries, docs, self.logit_scale())
-
-    def project_(self) -> None:
-        self.logit_scale.project_()
-        self.loss.project_()
-
-    def loss_parameters(self) -> list[nn.Parameter]:
-        return [*self.logit_scale.parameters(), *self.loss.parameters()]
-
     def log_state(self) -> dict[str, float]:
         s = self.loss.scorer
-        return {"logit_scale": self.logit_scale.value, "gamma_q": s.gamma_q, "gamma_d": s.gamma_d}
+        return {**super().log_state(), "gamma_q": s.gamma_q, "gamma_d": s.gamma_d}
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -386,7 +374,6 @@ def load_records(cfg: TextDataConfig):
 
 def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
-    from magclip.engine import Engine, make_accelerator
 
     t0 = time.perf_counter()
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
