@@ -37,13 +37,7 @@ STEPS_PER_EPOCH = TRAIN_SIZE // BATCH  # 8
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two busy cores: keep in-process runs on one thread (and bitwise comparable with each other)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

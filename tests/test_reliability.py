@@ -52,13 +52,7 @@ STEPS = 4  # clean data: 2 shards x 32 samples, batch 16
 needs_dev_full = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to fill a 'disk'")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two busy cores: keep in-process runs on one thread (and bitwise comparable with each other)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
