@@ -29,8 +29,8 @@ import math
 import random
 import shutil
 import time
-from contextlib import nullcontext
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator

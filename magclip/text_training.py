@@ -14,7 +14,6 @@ and exponents).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import shutil
 import time
@@ -25,10 +24,10 @@ from typing import Any, Sequence
 import torch
 
 from magclip.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
-from magclip.engine import Engine, TrainModule, make_accelerator
 from magclip.data.beir import BeirData, beir_to_pairs, doc_text, load_beir
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
-from magclip.io import atomic_write_json
+from magclip.engine import Engine, TrainModule, make_accelerator
+from magclip.io import atomic_write_json, atomic_write_jsonl
 from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval, search_run
 from magclip.metrics.sts import STSData, evaluate_sts, read_sts
 from magclip.models.text import POOLINGS, BiEncoder
@@ -316,13 +315,7 @@ def mine_hard_negatives(model: BiEncoder, folder: str | Path, split: str = "trai
     if short:
         log.warning("%d queries got fewer than %d mined negatives (depth %d)", short, negatives, depth)
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        tmp.replace(out)
+        atomic_write_jsonl(out, rows)
     return rows
 
 

@@ -65,9 +65,9 @@ from magclip.data.shards import (
     DEFAULT_MAX_IMAGE_PIXELS,
     IMAGE_EXTS,
     check_shards_exist,
-    tar_members,
     expand_sources,
     load_image,
+    tar_members,
 )
 from magclip.io import atomic_write_json, publish_dir
 from magclip.losses import CLIPLoss

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from magclip.io import atomic_write_jsonl
+
 log = logging.getLogger("magclip.data.beir")
 
 
@@ -186,13 +188,7 @@ def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | No
                         "negatives": [doc_text(data.corpus[d]) for d in negs],
                         "query_id": qid, "positive_ids": pos_ids, "negative_ids": negs})
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        tmp.replace(out)
+        atomic_write_jsonl(out, records)
     print(f"{data.name}/{split}: {len(records)} pair records ({dropped} queries without a usable positive left out)"
           + (f" -> {out}" if out is not None else ""))
     return records
