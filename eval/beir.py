@@ -4,6 +4,8 @@
     python eval/beir.py --model minilm --data ../shared/data/text/scifact --mode dot --out results/scifact_dot.json
     python eval/beir.py --model minilm --data ../shared/data/text/{scifact,cranfield,med} \
         --mode cosine dot qnorm --out results/beir_minilm.json      # several modes, one encoding per folder
+    python eval/beir.py --model minilm --data ../shared/data/text/{scifact,cranfield,med} \
+        --mode cosine dot qnorm dnorm --length-bins 4 --out results/beir_length.json   # + length confounds
     python eval/beir.py --model runs/text_qnorm/checkpoints/step_00000100/model --data ../shared/data/text/scifact \
         --out results/scifact_qnorm.json                              # the model's own mode (magclip_text.json)
 
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from magclip.diagnostics.length import format_length_table  # noqa: E402
 from magclip.io import atomic_write_json  # noqa: E402
 from magclip.models.text import POOLINGS, BiEncoder  # noqa: E402
 from magclip.similarity import MODES, Scorer  # noqa: E402
@@ -77,18 +80,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-queries", type=int, default=None, help="subset for quick checks")
     parser.add_argument("--max-docs", type=int, default=None, help="subset: judged docs + others up to this many")
     parser.add_argument("--keep-identical-ids", action="store_true", help="do not drop doc id == query id")
+    parser.add_argument("--length-bins", type=int, default=0,
+                        help="length diagnostics per mode with this many length bins (norm-length Spearman, "
+                             "within-bin Cohen's d, nDCG@10 by document length; see magclip.diagnostics.length)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model, scorers = load_model_and_scorers(args)
     results = evaluate_beir_folders(model, args.data, scorers, split=args.split, batch_size=args.batch_size,
                                     device=device_of(args), backend=args.backend, max_queries=args.max_queries,
                                     max_docs=args.max_docs, ignore_identical_ids=not args.keep_identical_ids,
-                                    progress=args.progress)
+                                    length_bins=args.length_bins, progress=args.progress)
     for entry in results.values():
         entry["model"] = args.model
         entry["settings"] = asdict(model.settings)
     atomic_write_json(args.out, results)
     print(format_beir_table(results))
+    if args.length_bins:
+        print(format_length_table(results))
     print(f"results: {args.out}")
 
 

@@ -24,7 +24,9 @@ Training curves only (gamma_q/gamma_d, logit scale, norms from a run's metrics.j
     python eval/diagnose.py --metrics runs/compare/synthetic/runs/loss=qnorm,seed=0/metrics.jsonl --out /tmp/curves
 
 Outputs: diagnostics.json {"magnitude": ..., "fisher": {rule: ...}, "plots": [...]},
-norm_hist.png, norm_vs_rank.png, fisher_spectrum.png, training.png (when a metrics.jsonl is known).
+norm_hist.png, norm_vs_rank.png, fisher_spectrum.png, training.png (when a metrics.jsonl is known);
+text models also get "length" (magclip.diagnostics.length: norm-length Spearman, Cohen's d within
+length bins, nDCG@10 by document length) and norm_vs_length.png.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from torch import nn
 
 import magclip
 from magclip.diagnostics import fisher as fim
+from magclip.diagnostics.length import length_report, plot_norm_vs_length
 from magclip.diagnostics import magnitude as mag
 from magclip.io import atomic_write_json
 from magclip.similarity import MODES, Scorer
@@ -92,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--rtol", type=float, help="non-null cut (default 1000 * rows * eps)")
     p.add_argument("--skip-fisher", action="store_true")
     p.add_argument("--skip-magnitude", action="store_true")
+    p.add_argument("--length-bins", type=int, default=4, help="text: length confounds with this many length bins "
+                   "(norm-length Spearman, Cohen's d within length bins, nDCG@10 by length); 0: off (%(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -119,7 +124,9 @@ def _set_batchnorm(model: nn.Module, mode: str) -> nn.Module:
 
 def run_text(args, out: Path) -> dict[str, Any]:
     from magclip.data.beir import load_beir
+    from magclip.metrics.ir import retrieve
     from magclip.models.text import BiEncoder
+    from magclip.text_training import SideCache, beir_token_lengths
 
     if not args.beir:
         raise SystemExit("--text-model needs --beir FOLDER")
@@ -131,10 +138,22 @@ def run_text(args, out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"kind": "text", "model": args.text_model, "data": args.beir, "split": args.split,
                            "max_queries": args.max_queries, "max_docs": args.max_docs}
     if not args.skip_magnitude:
-        summary, samples = mag.beir_magnitude_report(model, data, scorer, k=args.k, n_boot=args.n_boot,
-                                                     seed=args.seed, batch_size=args.batch_size, device=args.device)
+        title = f"{args.text_model} on {data.name} ({scorer.mode})"
+        encode = SideCache(model, args.batch_size, args.device)
+        found = retrieve(encode, data.queries, dict(zip(data.corpus, data.doc_texts())), scorer, 100)
+        relevance = mag.relevance_from_ids(found.query_ids, found.doc_ids, data.qrels)
+        summary, samples = mag.magnitude_report(found.query_vecs, found.doc_vecs, relevance, scorer, k=args.k,
+                                                n_boot=args.n_boot, seed=args.seed)
+        summary["data"] = {"name": data.name, "split": data.split, "queries": len(found.query_ids),
+                           "docs": len(found.doc_ids), "relevant_pairs": int(sum(len(r) for r in relevance))}
         res["magnitude"] = summary
-        _magnitude_plots(summary, samples, out, f"{args.text_model} on {data.name} ({scorer.mode})", res)
+        _magnitude_plots(summary, samples, out, title, res)
+        if args.length_bins:
+            q_len, d_len = beir_token_lengths(model, data)
+            res["length"], length_samples = length_report(found, data.qrels, q_len, d_len, scorer,
+                                                          n_bins=args.length_bins, k=args.k,
+                                                          max_length=model.settings.passage_max_length)
+            res["plots"].append(str(plot_norm_vs_length(length_samples, out / "norm_vs_length.png", title)))
     if not args.skip_fisher:
         q, d, qids, _dids = fim.beir_pairs(data, args.fisher_pairs or 48, seed=args.seed)
         res["fisher"] = {}
@@ -271,6 +290,16 @@ def format_summary(res: dict[str, Any]) -> str:
             if c and "ci_low" in c:
                 lines.append(f"  Cohen's d, {s['candidates']} norms, relevant to any query vs the rest of the corpus: "
                              f"{c['d']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+    ln = res.get("length")
+    if ln:
+        rho, w, st = ln["norm_length"], ln["within_bin_d"], ln["stratified"]
+        lines.append(f"  Spearman(norm, tokens): documents {rho['documents']['spearman']:+.3f}, "
+                     f"queries {rho['queries']['spearman']:+.3f}")
+        lines.append(f"  Cohen's d of document norms: plain {w['d_plain']:+.3f}, within {ln['n_bins']} length bins "
+                     f"{w['d_within']:+.3f}")
+        bins = " / ".join(f"{100 * b['ndcg@10']:.1f}" for b in st["bins"])
+        lines.append(f"  nDCG@10 by document length (short -> long): {bins}  (slope {100 * st['ndcg@10_slope']:+.2f} "
+                     f"per bin); top-10 median length / corpus {ln['retrieved_length']['ratio_to_corpus']:.2f}")
     for rule, r in (res.get("fisher") or {}).items():
         rec = r["recommendation"]
         kap = "  ".join(f"{mode} {v['kappa']:.3g} (scale {v['logit_scale']:.3g}, {v['n_nonnull']} nn)"

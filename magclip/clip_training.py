@@ -222,6 +222,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
         "world_size": accelerator.num_processes, "skipped_samples": dict(skipped),
+        "train_loss_recent": engine.recent_loss(),
         "wall_time_s": round(time.perf_counter() - t0, 2), "metrics": metrics, "eval_sets": eval_sets,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -29,7 +29,7 @@ import math
 import random
 import shutil
 import time
-from collections import Counter
+from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recove
 log = logging.getLogger("magclip.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+RECENT_LOSS_STEPS = 20  # results.json's train_loss_recent: mean loss over the last this many steps
 
 
 class TrainModule(nn.Module):
@@ -160,6 +161,7 @@ class Engine:
         # step it once per process, assuming a dataloader it sharded itself
         self.model, self.optimizer = accelerator.prepare(module, optimizer)
         self.state = LoopState()
+        self._recent_losses: deque[torch.Tensor] = deque(maxlen=RECENT_LOSS_STEPS)
         self.ckpt_dir = run_dir / "checkpoints"
         self._metrics_file = None
         self._tb = None
@@ -202,6 +204,7 @@ class Engine:
         """Count the step; log, validate and checkpoint on their schedules."""
         self.state.step += 1
         bar.update(1)
+        self._recent_losses.append(out["loss"].detach())  # kept as tensors: no device sync per step
         step = self.state.step
         if step % self.cfg.log_every == 0 or step == self.total_steps:
             now, samples = time.perf_counter(), self.state.samples_seen
@@ -213,6 +216,12 @@ class Engine:
             self.run_evaluation()
         if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
+
+    def recent_loss(self) -> float | None:
+        """Mean training loss (this rank) over the last RECENT_LOSS_STEPS steps: where training ended up."""
+        if not self._recent_losses:
+            return None
+        return float(torch.stack(list(self._recent_losses)).float().mean())
 
     def _next_epoch(self) -> None:
         self.state.epoch += 1

@@ -28,7 +28,9 @@ from magclip.data.beir import BeirData, beir_to_pairs, doc_text, load_beir
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
 from magclip.engine import Engine, TrainModule, make_accelerator
 from magclip.io import atomic_write_json, atomic_write_jsonl
+from magclip.diagnostics.length import flat_length_metrics
 from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval, search_run
+from magclip.metrics.rag import evaluate_rag, load_qa
 from magclip.metrics.sts import STSData, evaluate_sts, read_sts
 from magclip.models.text import POOLINGS, BiEncoder
 from magclip.retrieval_loss import RetrievalLoss
@@ -61,6 +63,8 @@ class TextDataConfig:
     random_negatives: int = 0              # BEIR conversion: random corpus negatives per query
     max_records: int | None = None         # use only the first N records (quick runs)
     group_size: int = 1                    # documents per query: 1 positive + group_size-1 hard negatives
+    passage_max_tokens: int | None = None  # training truncation of documents; None: model.passage_max_length
+    passage_min_tokens: int | None = None  # set: each document cut at a length drawn from [min, max] (length-varied)
 
 
 @dataclass
@@ -90,6 +94,9 @@ class TextEvalConfig:
     batch_size: int = 64
     backend: str = "auto"                   # search: auto / torch / faiss
     at_start: bool = False                  # also evaluate the model before training (zero-shot)
+    rag: dict[str, str] = field(default_factory=dict)    # name -> QA folder (qa.jsonl + corpus): answer recall@k
+    length_bins: int = 4                    # BEIR length diagnostics (norm-length rho, within-bin d, nDCG by length); 0: off
+    keep_identical_ids: bool = False        # BEIR drops a hit whose id equals the query id; true keeps it
 
 
 @dataclass
@@ -193,48 +200,75 @@ def same_sides(model: BiEncoder) -> bool:
     return s.shared and s.query_prefix == s.passage_prefix and s.query_max_length == s.passage_max_length
 
 
-def evaluate_beir_data(model: BiEncoder, data: BeirData, scorer: Scorer | str, *, batch_size: int = 64,
-                       device=None, backend: str = "auto", metrics: Sequence[str] = DEFAULT_METRICS,
-                       ignore_identical_ids: bool = True, progress: bool = False) -> dict[str, Any]:
+class SideCache:
+    """encode(texts, side) that encodes each side once: every scorer searches the same vectors."""
+
+    def __init__(self, model: BiEncoder, batch_size: int, device=None, progress: bool = False):
+        self.encode = _encoder_fn(model, batch_size, device, progress)
+        self.vectors: dict[str, torch.Tensor] = {}
+
+    def __call__(self, texts: list[str], side: str) -> torch.Tensor:
+        if side not in self.vectors:
+            self.vectors[side] = self.encode(texts, side)
+        return self.vectors[side]
+
+
+def beir_token_lengths(model: BiEncoder, data: BeirData) -> tuple[list[int], list[int]]:
+    """Untruncated token counts of the queries and documents, in the BeirData's order."""
+    return (model.token_lengths([data.queries[q] for q in data.queries], "query"),
+            model.token_lengths(data.doc_texts(list(data.corpus)), "passage"))
+
+
+def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Scorer | str] | Scorer | str, *,
+                       batch_size: int = 64, device=None, backend: str = "auto",
+                       metrics: Sequence[str] = DEFAULT_METRICS, ignore_identical_ids: bool = True,
+                       length_bins: int = 0, lengths: tuple[list[int], list[int]] | None = None,
+                       progress: bool = False) -> dict[str, Any]:
+    """Metrics of the first scorer (+ "modes": {mode: metrics} when several); documents encoded once.
+
+    With `length_bins` > 0 each mode's entry also holds "length": the `length_report` of its ranking
+    (norm-length correlation, within-bin Cohen's d, nDCG@10 by document-length bin); `lengths` =
+    (query, document) token counts when already known.
+    """
+    from magclip.diagnostics.length import length_report
+
+    scorers = [Scorer.build(s) for s in ([scorers] if isinstance(scorers, (str, Scorer)) else scorers)]
     corpus_texts = dict(zip(data.corpus, data.doc_texts()))
-    return evaluate_retrieval(_encoder_fn(model, batch_size, device, progress), data.queries, corpus_texts, data.qrels,
-                              scorer, metrics=metrics, ignore_identical_ids=ignore_identical_ids, backend=backend)
+    if length_bins and lengths is None:
+        lengths = beir_token_lengths(model, data)
+    encode = SideCache(model, batch_size, device, progress)
+    by_mode = {}
+    for scorer in scorers:
+        kept: list = []
+        m = evaluate_retrieval(encode, data.queries, corpus_texts, data.qrels, scorer, metrics=metrics,
+                               ignore_identical_ids=ignore_identical_ids, backend=backend, keep=kept)
+        if length_bins:
+            m["length"], _ = length_report(kept[0], data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
+                                           max_length=model.settings.passage_max_length)
+        by_mode[_scorer_label(scorer)] = m
+    entry = dict(next(iter(by_mode.values())))
+    if len(by_mode) > 1:
+        entry["modes"] = by_mode
+    return entry
 
 
 def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], scorers: Sequence[Scorer | str],
                           *, split: str = "test", batch_size: int = 64, device=None, backend: str = "auto",
                           max_queries: int | None = None, max_docs: int | None = None,
                           metrics: Sequence[str] = DEFAULT_METRICS, ignore_identical_ids: bool = True,
-                          progress: bool = False) -> dict[str, dict[str, Any]]:
-    """{folder name: metrics of the first scorer (+ "modes": {mode: metrics} when several)}.
-
-    Documents and queries are encoded once per folder; every scorer searches the same vectors.
-    """
-    scorers = [Scorer.build(s) for s in scorers]
+                          length_bins: int = 0, progress: bool = False) -> dict[str, dict[str, Any]]:
+    """{folder name: `evaluate_beir_data` of its split, + split, subset, wall_s and counted input warnings}."""
     results: dict[str, dict[str, Any]] = {}
     for folder in folders:
         data = load_beir(folder, split)
         if max_queries or max_docs:
             data = data.subset(max_queries, max_docs)
         t0 = time.perf_counter()
-        cache: dict[str, torch.Tensor] = {}
-        base = _encoder_fn(model, batch_size, device, progress)
-
-        def encode(texts: list[str], side: str, _cache=cache, _base=base) -> torch.Tensor:
-            if side not in _cache:
-                _cache[side] = _base(texts, side)
-            return _cache[side]
-
-        by_mode = {}
-        corpus_texts = dict(zip(data.corpus, data.doc_texts()))
-        for scorer in scorers:
-            m = evaluate_retrieval(encode, data.queries, corpus_texts, data.qrels, scorer, metrics=metrics,
-                                   ignore_identical_ids=ignore_identical_ids, backend=backend)
+        entry = evaluate_beir_data(model, data, scorers, batch_size=batch_size, device=device, backend=backend,
+                                   metrics=metrics, ignore_identical_ids=ignore_identical_ids,
+                                   length_bins=length_bins, progress=progress)
+        for m in [entry, *(entry.get("modes") or {}).values()]:
             m.update({"split": split, "subset": bool(max_queries or max_docs)})
-            by_mode[_scorer_label(scorer)] = m
-        entry = dict(next(iter(by_mode.values())))
-        if len(by_mode) > 1:
-            entry["modes"] = by_mode
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         entry["warnings"] = dict(data.warnings)  # counted input problems (unknown docs, empty queries, ...)
         results[data.name] = entry
@@ -365,16 +399,30 @@ def load_records(cfg: TextDataConfig):
     return records_from_dicts(rows)
 
 
+def training_passage_tokens(cfg: TextDataConfig, encoder: BiEncoder) -> int | tuple[int, int] | None:
+    """The documents' training truncation: None (the model's max length), a fixed length, or a (min, max) range."""
+    limit = encoder.max_positions("passage")
+    top = cfg.passage_max_tokens or encoder.settings.passage_max_length
+    if top > limit:
+        raise ConfigError(f"data.passage_max_tokens={top} exceeds the model's {limit} positions")
+    if cfg.passage_min_tokens is None:
+        return cfg.passage_max_tokens
+    if not 1 <= cfg.passage_min_tokens <= top:
+        raise ConfigError(f"data.passage_min_tokens={cfg.passage_min_tokens} must be in [1, {top}]")
+    return (cfg.passage_min_tokens, top)
+
+
 def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
 
     t0 = time.perf_counter()
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
-    run_dir = prepare_run_dir(cfg, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
     torch.manual_seed(cfg.train.seed)
     records, read_skips = load_records(cfg.data)
     encoder = load_encoder(cfg.model)
+    passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
+    run_dir = prepare_run_dir(cfg, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
     loss = RetrievalLoss(build_scorer(cfg.loss), cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
                          cfg.loss.d2q_weight, local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
     module = TextTrainModule(encoder, loss, build_logit_scale(cfg.loss)).to(accelerator.device)
@@ -382,7 +430,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     def make_loader(epoch: int) -> PairBatches:
         return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
                            seed=cfg.train.seed, rank=accelerator.process_index, world_size=accelerator.num_processes,
-                           skipped=read_skips)
+                           skipped=read_skips, passage_tokens=passage_tokens)
 
     first = make_loader(0)
     steps_per_epoch = first.num_batches // cfg.train.accum_freq
@@ -400,17 +448,27 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
                 data = data.subset(cfg.eval.max_queries, cfg.eval.max_docs)
             beir_sets[name] = data
     sts_sets = {name: read_sts(sts_path(p, cfg.eval.split)[1], name) for name, p in cfg.eval.sts.items()}
+    rag_sets = {name: load_qa(folder, cfg.eval.split) for name, folder in cfg.eval.rag.items()} \
+        if accelerator.is_main_process else {}
+    lengths = {name: beir_token_lengths(encoder, data) for name, data in beir_sets.items()} \
+        if cfg.eval.length_bins else {}
 
     def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
         out: dict[str, float] = {}
         scorer = m.loss.scorer
         for name, data in beir_sets.items():
             r = evaluate_beir_data(m.encoder, data, scorer, batch_size=cfg.eval.batch_size, device=accelerator.device,
-                                   backend=cfg.eval.backend)
+                                   backend=cfg.eval.backend, ignore_identical_ids=not cfg.eval.keep_identical_ids,
+                                   length_bins=cfg.eval.length_bins, lengths=lengths.get(name))
+            if "length" in r:
+                r.update(flat_length_metrics(r.pop("length")))
             out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        enc = _encoder_fn(m.encoder, cfg.eval.batch_size, accelerator.device)
         for name, data in sts_sets.items():
-            enc = _encoder_fn(m.encoder, cfg.eval.batch_size, accelerator.device)
             r = evaluate_sts(enc, data, scorer, same_sides=same_sides(m.encoder))
+            out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        for name, data in rag_sets.items():
+            r = next(iter(evaluate_rag(enc, data, [scorer], backend=cfg.eval.backend)["by_mode"].values()))
             out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
         return out
 
@@ -428,7 +486,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
             zero_shot = evaluate(module, 0)
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
-                    evaluate if (beir_sets or sts_sets) else None)
+                    evaluate if (beir_sets or sts_sets or rag_sets) else None)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
@@ -442,10 +500,13 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
+        "train_passage_tokens": list(passage_tokens) if isinstance(passage_tokens, tuple)
+        else passage_tokens or encoder.settings.passage_max_length,
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
         "doc_to_query": cfg.loss.doc_to_query, "steps": state.step, "epochs_completed": state.epoch,
         "samples_seen_per_rank": state.samples_seen, "world_size": accelerator.num_processes,
-        "skipped_samples": dict(skipped), "wall_time_s": round(time.perf_counter() - t0, 2),
+        "skipped_samples": dict(skipped), "train_loss_recent": engine.recent_loss(),
+        "wall_time_s": round(time.perf_counter() - t0, 2),
         "zero_shot": zero_shot, "metrics": metrics,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

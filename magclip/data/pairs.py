@@ -13,7 +13,11 @@ slice, so ranks never share a record within an epoch. Each record contributes it
 of `group_size` documents: one positive, then group_size - 1 negatives (drawn without replacement
 when it has enough, with replacement when it has fewer; a record with none gets positives of other
 records as random negatives; `PairBatches.negative_shortfall` counts those records). Batches are tokenized with the
-model's `tokenize(texts, side)` and flattened into `query_*` / `passage_*` tensors.
+model's `tokenize(texts, side)` and flattened into `query_*` / `passage_*` tensors. `passage_tokens`
+changes the documents' training truncation: an int cuts every document there; a (min, max) range
+draws each document's length uniformly from it (from the record's own generator, so it does not
+depend on the batch or the rank) -- length-varied training, to test whether a norm-length bias is
+learned away.
 """
 
 from __future__ import annotations
@@ -152,11 +156,15 @@ def write_pairs_shards(rows: list[dict[str, Any]], out_dir: str | Path, shard_si
 class PairBatches:
     """This rank's micro-batches of one epoch (iterate once per epoch; see module docstring)."""
 
-    def __init__(self, records: list[PairRecord], tokenize: Callable[[list[str], str], dict[str, torch.Tensor]],
+    def __init__(self, records: list[PairRecord], tokenize: Callable[..., dict[str, torch.Tensor]],
                  batch_size: int, group_size: int = 1, *, epoch: int = 0, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, skipped: Counter | None = None):
+                 world_size: int = 1, skipped: Counter | None = None,
+                 passage_tokens: int | tuple[int, int] | None = None):
         if batch_size < 1 or group_size < 1:
             raise ValueError("batch_size and group_size must be >= 1")
+        if isinstance(passage_tokens, tuple) and not 1 <= passage_tokens[0] <= passage_tokens[1]:
+            raise ValueError(f"passage_tokens range {passage_tokens} must satisfy 1 <= min <= max")
+        self.passage_tokens = passage_tokens
         self.records = records
         self.tokenize = tokenize
         self.batch_size = batch_size
@@ -183,7 +191,7 @@ class PairBatches:
             yield self.collate(idx, first=(t == 0))
 
     def collate(self, idx: list[int], first: bool = False) -> dict[str, Any]:
-        queries, docs = [], []
+        queries, docs, lengths = [], [], []
         for i in idx:
             # one generator per (seed, epoch, record): a record's draws do not depend on the batch it
             # lands in, so 1 process x batch 2B sees the same documents as 2 processes x batch B
@@ -193,8 +201,8 @@ class PairBatches:
             docs.append(rng.choice(r.positives))
             need = self.group_size - 1
             if need == 0:
-                continue
-            if len(r.negatives) >= need:
+                pass
+            elif len(r.negatives) >= need:
                 docs += rng.sample(r.negatives, need)
             elif r.negatives:
                 docs += [rng.choice(r.negatives) for _ in range(need)]
@@ -202,9 +210,13 @@ class PairBatches:
                 for _ in range(need):
                     other = self.records[rng.randrange(len(self.records))]
                     docs.append(rng.choice(other.positives))
+            if isinstance(self.passage_tokens, tuple):  # sampled truncation, one length per document
+                lengths += [rng.randint(*self.passage_tokens) for _ in range(self.group_size)]
         batch: dict[str, Any] = {}
-        for side, texts in (("query", queries), ("passage", docs)):
-            for k, v in self.tokenize(texts, side).items():
+        passage_max = lengths if isinstance(self.passage_tokens, tuple) else self.passage_tokens
+        for side, texts, max_length in (("query", queries, None), ("passage", docs, passage_max)):
+            tokens = self.tokenize(texts, side, max_length=max_length) if max_length else self.tokenize(texts, side)
+            for k, v in tokens.items():
                 batch[f"{side}_{k}"] = v
         batch["keys"] = [str(i) for i in idx]
         batch["skipped"] = dict(self._skipped_once) if first and self.epoch == 0 else {}

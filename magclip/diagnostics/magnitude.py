@@ -194,10 +194,10 @@ def relevance_norms(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]]
                     k: int = 10, chunk: int = 256) -> dict[str, np.ndarray]:
     """Per-query samples for the "topk" analysis and the rank of every relevant document.
 
-    Returns numpy arrays: `rel_norm`, `rel_anchor` (norm and query index of each (query, relevant
-    document) pair), `rel_rank` (its 1-based rank among all documents under the scorer, ties
-    counted against it: 1 + number of documents scoring strictly higher), `neg_norm`, `neg_anchor`
-    (the k highest-scoring non-relevant documents of each query), `hit1` (per query: is the top-1
+    Returns numpy arrays: `rel_norm`, `rel_anchor`, `rel_doc` (norm, query index and document index
+    of each (query, relevant document) pair), `rel_rank` (its 1-based rank among all documents under the scorer, ties
+    counted against it: 1 + number of documents scoring strictly higher), `neg_norm`, `neg_anchor`,
+    `neg_doc` (the k highest-scoring non-relevant documents of each query), `hit1` (per query: is the top-1
     document relevant) and `query_norm`. Queries without any relevant document are skipped (their
     `hit1` is False and they are listed in `skipped_queries`).
     """
@@ -208,7 +208,7 @@ def relevance_norms(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]]
     x = scorer.prepare_docs(docs)
     doc_norm = docs.float().norm(dim=-1).numpy()
     nd = docs.shape[0]
-    rel_norm, rel_anchor, rel_rank, neg_norm, neg_anchor = [], [], [], [], []
+    rel_norm, rel_anchor, rel_rank, rel_doc, neg_norm, neg_anchor, neg_doc = [], [], [], [], [], [], []
     hit1 = np.zeros(len(relevance), dtype=bool)
     skipped = []
     for start in range(0, q.shape[0], chunk):
@@ -225,6 +225,7 @@ def relevance_norms(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]]
             ranks = 1 + (row.unsqueeze(0) > rel_scores.unsqueeze(1)).sum(dim=1)
             rel_norm.extend(doc_norm[rel].tolist())
             rel_anchor.extend([i] * len(rel))
+            rel_doc.extend(rel)
             rel_rank.extend(ranks.tolist())
             hit1[i] = bool(int(row.argmax()) in relevance[i])
             masked = row.clone()
@@ -234,9 +235,11 @@ def relevance_norms(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]]
                 top = masked.topk(kk).indices.numpy()
                 neg_norm.extend(doc_norm[top].tolist())
                 neg_anchor.extend([i] * kk)
+                neg_doc.extend(top.tolist())
     return {"rel_norm": np.asarray(rel_norm), "rel_anchor": np.asarray(rel_anchor, dtype=np.int64),
-            "rel_rank": np.asarray(rel_rank, dtype=np.int64), "neg_norm": np.asarray(neg_norm),
-            "neg_anchor": np.asarray(neg_anchor, dtype=np.int64), "hit1": hit1,
+            "rel_rank": np.asarray(rel_rank, dtype=np.int64), "rel_doc": np.asarray(rel_doc, dtype=np.int64),
+            "neg_norm": np.asarray(neg_norm), "neg_anchor": np.asarray(neg_anchor, dtype=np.int64),
+            "neg_doc": np.asarray(neg_doc, dtype=np.int64), "hit1": hit1,
             "query_norm": queries.float().norm(dim=-1).numpy(), "skipped_queries": np.asarray(skipped, dtype=np.int64)}
 
 
@@ -304,24 +307,6 @@ def magnitude_report(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]
 
 
 # ============================================================================ data entry points
-
-
-def beir_magnitude_report(model, data, scorer: Scorer | str = "cosine", *, k: int = 10, n_boot: int = 1000,
-                          seed: int = 0, batch_size: int = 64, device: str | torch.device = "cpu",
-                          progress: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Encode a BeirData (queries and corpus) with a BiEncoder and run `magnitude_report` on its qrels.
-
-    Documents: the whole (sub)corpus; relevance: qrels score >= 1. Returns (summary, samples)."""
-    qids, dids = list(data.queries), list(data.corpus)
-    queries = model.encode([data.queries[q] for q in qids], "query", batch_size=batch_size, device=device,
-                           progress=progress)
-    docs = model.encode(data.doc_texts(dids), "passage", batch_size=batch_size, device=device, progress=progress)
-    relevance = relevance_from_ids(qids, dids, data.qrels)
-    summary, samples = magnitude_report(queries, docs, relevance, scorer, k=k, n_boot=n_boot, seed=seed,
-                                        names=("query", "document"))
-    summary["data"] = {"name": data.name, "split": data.split, "queries": len(qids), "docs": len(dids),
-                       "relevant_pairs": int(sum(len(r) for r in relevance))}
-    return summary, samples
 
 
 def clip_magnitude_report(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
@@ -483,7 +468,6 @@ def _mean(x: np.ndarray) -> float:
 
 
 __all__ = [
-    "beir_magnitude_report",
     "bootstrap_cohens_d",
     "clip_magnitude_report",
     "cohens_d",

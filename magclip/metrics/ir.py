@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -179,16 +180,23 @@ def evaluate_run(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRIC
     return results
 
 
-def evaluate_retrieval(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str],
-                       corpus_texts: Mapping[str, str], qrels: Qrels, scorer: Scorer | str, *,
-                       metrics: Sequence[str] = DEFAULT_METRICS, k: int | None = None,
-                       ignore_identical_ids: bool = True, backend: str = "auto") -> dict[str, Any]:
-    """Encode queries (side "query") and documents (side "passage") with `encode(texts, side)`, search, score.
+@dataclass
+class Retrieval:
+    """What one search produced: ids, the raw vectors that were searched, and the run."""
 
-    Returns the metric means plus `queries`, `docs`, `removed_identical`, timings and the scorer.
-    """
-    scorer = Scorer.build(scorer)
-    k = k or max(parse_metric(m)[1] for m in metrics)
+    query_ids: list[str]
+    doc_ids: list[str]
+    query_vecs: Tensor
+    doc_vecs: Tensor
+    run: Run
+    removed_identical: int
+    k: int
+    timings: dict[str, float]
+
+
+def retrieve(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str], corpus_texts: Mapping[str, str],
+             scorer: Scorer | str, k: int, *, ignore_identical_ids: bool = True, backend: str = "auto") -> Retrieval:
+    """Encode queries (side "query") and documents (side "passage") with `encode(texts, side)` and search."""
     qids, dids = list(queries), list(corpus_texts)
     t0 = time.perf_counter()
     doc_vecs = encode([corpus_texts[d] for d in dids], "passage")
@@ -198,13 +206,29 @@ def evaluate_retrieval(encode: Callable[[list[str], str], Tensor], queries: Mapp
     run, removed = search_run(query_vecs, doc_vecs, qids, dids, scorer, k,
                               ignore_identical_ids=ignore_identical_ids, backend=backend)
     t3 = time.perf_counter()
-    out = evaluate_run(qrels, run, metrics)
-    out.update({"queries": len(qids), "docs": len(dids), "removed_identical": removed, "k": k,
+    timings = {"encode_docs_s": round(t1 - t0, 2), "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
+    return Retrieval(qids, dids, query_vecs, doc_vecs, run, removed, k, timings)
+
+
+def evaluate_retrieval(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str],
+                       corpus_texts: Mapping[str, str], qrels: Qrels, scorer: Scorer | str, *,
+                       metrics: Sequence[str] = DEFAULT_METRICS, k: int | None = None,
+                       ignore_identical_ids: bool = True, backend: str = "auto",
+                       keep: list[Retrieval] | None = None) -> dict[str, Any]:
+    """`retrieve` + `evaluate_run`: the metric means plus `queries`, `docs`, `removed_identical`, timings, scorer.
+
+    `keep`: a list that receives the `Retrieval` (vectors and run), for diagnostics on the same search.
+    """
+    scorer = Scorer.build(scorer)
+    k = k or max(parse_metric(m)[1] for m in metrics)
+    r = retrieve(encode, queries, corpus_texts, scorer, k, ignore_identical_ids=ignore_identical_ids, backend=backend)
+    if keep is not None:
+        keep.append(r)
+    out = evaluate_run(qrels, r.run, metrics)
+    out.update({"queries": len(r.query_ids), "docs": len(r.doc_ids), "removed_identical": r.removed_identical, "k": k,
                 "scorer": scorer.to_dict(), "search_backend": _backend_name(backend),
-                "doc_norm_mean": float(doc_vecs.norm(dim=-1).mean()),
-                "query_norm_mean": float(query_vecs.norm(dim=-1).mean()),
-                "encode_docs_s": round(t1 - t0, 2), "encode_queries_s": round(t2 - t1, 2),
-                "search_s": round(t3 - t2, 3)})
+                "doc_norm_mean": float(r.doc_vecs.norm(dim=-1).mean()),
+                "query_norm_mean": float(r.query_vecs.norm(dim=-1).mean()), **r.timings})
     return out
 
 

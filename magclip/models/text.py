@@ -219,14 +219,42 @@ class BiEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.query_model.parameters()).device
 
-    def tokenize(self, texts: Sequence[str], side: str, padding: bool | str = True) -> dict[str, Tensor]:
-        """Prefix, truncate to the side's max length, pad to the longest in the batch."""
+    def max_positions(self, side: str) -> int:
+        """The longest input the tower accepts (its position embeddings), whatever the configured max length."""
+        return _model_max_length(self.tokenizer_for(side), self.tower(side))
+
+    def tokenize(self, texts: Sequence[str], side: str, padding: bool | str = True,
+                 max_length: int | Sequence[int] | None = None) -> dict[str, Tensor]:
+        """Prefix, truncate, pad to the longest in the batch.
+
+        `max_length`: None = the side's configured max length; an int; or one length per text
+        (length-varied training: each text cut at its own length, then padded together).
+        """
         prefix = self.settings.prefix(side)
         texts = [prefix + t for t in texts] if prefix else list(texts)
-        out = self.tokenizer_for(side)(texts, padding=padding, truncation=True,
-                                       max_length=self.settings.max_length(side),
-                                       return_tensors="pt" if padding else None)
-        return dict(out)
+        tokenizer = self.tokenizer_for(side)
+        if max_length is None or isinstance(max_length, int):
+            out = tokenizer(texts, padding=padding, truncation=True,
+                            max_length=max_length or self.settings.max_length(side),
+                            return_tensors="pt" if padding else None)
+            return dict(out)
+        if len(max_length) != len(texts):
+            raise ValueError(f"{len(max_length)} max lengths for {len(texts)} texts")
+        if not padding:
+            raise ValueError("per-text max lengths are for training batches: padding is required")
+        feats = [tokenizer(t, truncation=True, max_length=int(n)) for t, n in zip(texts, max_length)]
+        return dict(tokenizer.pad(feats, return_tensors="pt"))
+
+    def token_lengths(self, texts: Sequence[str], side: str) -> list[int]:
+        """Untruncated token counts (prefix and special tokens included): what a text would need."""
+        prefix = self.settings.prefix(side)
+        texts = [prefix + t for t in texts] if prefix else list(texts)
+        tokenizer = self.tokenizer_for(side)
+        saved, tokenizer.model_max_length = tokenizer.model_max_length, int(1e30)  # no "too long" warning
+        try:
+            return [len(ids) for ids in tokenizer(texts, truncation=False)["input_ids"]]
+        finally:
+            tokenizer.model_max_length = saved
 
     def encode_tokens(self, batch: dict[str, Tensor], side: str) -> Tensor:
         """Raw pooled embeddings [B, D] of a tokenized batch (differentiable)."""

@@ -67,6 +67,19 @@ def test_prefixes_max_lengths_and_raw_outputs(tiny_bert):
     assert not torch.allclose(emb.norm(dim=-1), torch.ones(len(TEXTS)))  # raw: no normalization in the model
 
 
+def test_token_lengths_are_untruncated_and_per_text_truncation(tiny_bert):
+    m = BiEncoder.from_pretrained(tiny_bert, passage_prefix="passage: ", passage_max_length=8)
+    long_text = " ".join(WORDS[:20])
+    n = m.token_lengths([long_text, "cat"], "passage")
+    assert n == [len(m.tokenizer("passage: " + long_text, truncation=False)["input_ids"]), 5] and n[0] > 8
+    assert m.max_positions("passage") == 64
+    batch = m.tokenize([long_text, long_text, "cat"], "passage", max_length=[4, 10, 10])
+    assert batch["attention_mask"].sum(dim=1).tolist() == [4, 10, 5]  # each cut at its own length, then padded
+    assert m.tokenize([long_text], "passage", max_length=6)["input_ids"].shape[1] == 6
+    with pytest.raises(ValueError, match="2 max lengths for 3 texts"):
+        m.tokenize([long_text, long_text, "cat"], "passage", max_length=[4, 10])
+
+
 def test_length_sorted_batches_keep_input_order(tiny_bert):
     m = BiEncoder.from_pretrained(tiny_bert)
     together = m.encode(TEXTS, "passage", batch_size=2)

@@ -81,6 +81,35 @@ def test_pair_batches_groups_ranks_and_determinism(tmp_path):
     assert again == per_rank[0] and other_epoch != again
 
 
+def test_sampled_passage_truncation_is_per_document_and_batch_independent(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in toy_rows(16)) + "\n")
+    records, _ = read_pairs(f)
+    seen: dict[str, list] = {}
+
+    def tokenize(texts, side, max_length=None):
+        if side == "passage":
+            seen.setdefault("lengths", []).append(max_length)
+        return fake_tokenize(texts, side)
+
+    big = PairBatches(records, tokenize, 8, group_size=2, passage_tokens=(3, 40))
+    b = next(iter(big))
+    lengths = seen["lengths"][0]
+    assert len(lengths) == 16 and all(3 <= n <= 40 for n in lengths) and len(set(lengths)) > 4
+    # the same record draws the same lengths whatever batch or rank it lands in
+    by_record = {k: lengths[2 * i:2 * i + 2] for i, k in enumerate(b["keys"])}
+    seen.clear()
+    for r in (0, 1):
+        part = next(iter(PairBatches(records, tokenize, 4, group_size=2, passage_tokens=(3, 40), rank=r, world_size=2)))
+        got = seen["lengths"][-1]
+        assert {k: got[2 * i:2 * i + 2] for i, k in enumerate(part["keys"])} == {k: by_record[k] for k in part["keys"]}
+    seen.clear()
+    next(iter(PairBatches(records, tokenize, 4, passage_tokens=32)))
+    assert seen["lengths"] == [32]
+    with pytest.raises(ValueError, match="min <= max"):
+        PairBatches(records, tokenize, 4, passage_tokens=(10, 5))
+
+
 def write_toy_eval(folder: Path, rows: list[dict]) -> tuple[Path, Path]:
     beir = folder / "toybeir"
     (beir / "qrels").mkdir(parents=True)
@@ -98,6 +127,19 @@ def write_toy_eval(folder: Path, rows: list[dict]) -> tuple[Path, Path]:
     return beir, sts
 
 
+def write_toy_qa(folder: Path, rows: list[dict]) -> Path:
+    qa = folder / "toyqa"
+    qa.mkdir(parents=True)
+    with open(qa / "corpus.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"p{i}", "title": "", "text": r["positive"]}) + "\n")
+    with open(qa / "qa.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            answer = r["positive"].split()[-1]
+            f.write(json.dumps({"id": f"x{i}", "question": r["query"], "answers": [answer], "passage_id": f"p{i}"}) + "\n")
+    return qa
+
+
 def test_tiny_fine_tune_end_to_end(tmp_path):
     st = pytest.importorskip("sentence_transformers")
     model_dir = make_tiny_bert(tmp_path / "tiny-bert")
@@ -109,12 +151,20 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
                  "loss.mode=qnorm", "loss.doc_to_query=true", "loss.logit_scale_from_norms=true",
                  f"output_dir={tmp_path / 'runs'}", "name=tiny", "train.batch_size=4", "train.accum_freq=2",
                  "train.max_steps=3", "train.lr=1e-3", "train.warmup_steps=0", "train.log_every=1",
-                 f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.at_start=true"]
+                 f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.at_start=true",
+                 f"eval.rag={{toyqa: {write_toy_qa(tmp_path, rows[:12])}}}", "eval.length_bins=2",
+                 "data.passage_min_tokens=4"]
     cfg = load_text_config(ROOT / "configs" / "text" / "qnorm.yaml", overrides)
     results = train_text(cfg)
     assert results["steps"] == 3 and results["scorer"]["mode"] == "qnorm"
     assert "toy/ndcg@10" in results["metrics"] and "toy/spearman" in results["metrics"]
     assert "toy/ndcg@10" in results["zero_shot"]
+    assert 0 <= results["metrics"]["toyqa/answer_recall@1"] <= results["metrics"]["toyqa/answer_recall@5"] <= 1
+    assert {"toy/len_rho_docs", "toy/len_d_within", "toy/len_ndcg@10_bin2"} <= set(results["metrics"])
+    assert results["train_passage_tokens"] == [4, 24] and results["train_loss_recent"] > 0
+    with pytest.raises(ConfigError, match="exceeds the model's 64 positions"):
+        train_text(load_text_config(ROOT / "configs" / "text" / "qnorm.yaml",
+                                    overrides + ["data.passage_max_tokens=100", "overwrite=true"]))
     log = [json.loads(x) for x in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in log if "loss" in r]
     assert len(steps) == 3 and all("loss_d2q" in r and "acc_q2d" in r and "gamma_q" in r for r in steps)
