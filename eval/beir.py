@@ -13,8 +13,8 @@
 by magclip or sentence-transformers, or a hub name (set HF_HUB_OFFLINE=1 to forbid downloads).
 --mode overrides the model's own mode (cosine for a sentence-transformers folder with Normalize);
 `fixed` needs --gamma-q/--gamma-d. Documents are title + " " + text; queries and documents are
-encoded in batches sorted by length; the search runs on the Scorer's prepared vectors (faiss
-IndexFlatIP when installed, else torch top-k). A retrieved document whose id equals the query id is
+encoded in batches sorted by length; the search runs on the Scorer's prepared vectors (torch top-k;
+--backend faiss uses faiss IndexFlatIP). A retrieved document whose id equals the query id is
 ignored, as in BEIR (--keep-identical-ids keeps it). results.json maps each folder name to its
 metrics (0-1 scale) plus `queries`, `docs`, the scorer and timings; with several modes, the entry
 holds the first mode's metrics and a `modes` map with all of them.

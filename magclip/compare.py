@@ -579,12 +579,15 @@ def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], Non
 
 
 def lookup(results: Any, path: str) -> Any:
-    """Follow a dotted path; a key may itself hold dots or slashes (the longest match wins).
-    `val` stands for the run's validation `metrics`."""
+    """Follow a dotted path; a key may itself hold dots or slashes (the longest match wins), a
+    number indexes a list. `val` stands for the run's validation `metrics`."""
     parts = path.split(".")
     node = results
     i = 0
     while i < len(parts):
+        if isinstance(node, list) and parts[i].isdigit():  # a list element by index, e.g. `bins.0`
+            node, i = (node[int(parts[i])] if int(parts[i]) < len(node) else None), i + 1
+            continue
         if not isinstance(node, dict):
             return None
         for j in range(len(parts), i, -1):
@@ -847,16 +850,19 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     atomic_write_text(out / "compare.md", md)
     write_csv(grid, rows, out / "compare.csv")
     write_cells_csv(grid, records, out / "cells.csv")
-    atomic_write_json(out / "compare.json", {
-        "grid": str(grid.path) if grid.path else None, "records": records,
-        "rows": [{"labels": r["labels"], "finished": r["finished"], "cells": r["cells"],
-                  "stats": {k: vars(s) for k, s in r["stats"].items()}, "best": r["best"]} for r in rows]})
+    summary_rows = [{"labels": r["labels"], "finished": r["finished"], "cells": r["cells"],
+                     "stats": {k: vars(s) for k, s in r["stats"].items()}, "best": r["best"]} for r in rows]
+    atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records,
+                                             "rows": summary_rows})
     written = {"markdown": out / "compare.md", "csv": out / "compare.csv", "cells_csv": out / "cells.csv",
                "json": out / "compare.json", "plots": plot_paths, "table": markdown_table(grid, rows),
                "rows": rows, "records": records}
     if report is not None:
         report = Path(report)
         atomic_write_text(report, markdown_report(grid, rows, records, plot_paths, report.parent))
+        # the rows beside the report: what docs/results.md's {{grid ...}} placeholders read (magclip.results_doc)
+        atomic_write_json(report.with_suffix(".json"), {"grid": str(grid.path) if grid.path else None,
+                                                        "rows": summary_rows})
         written["report"] = report
     return written
 

@@ -160,6 +160,7 @@ class Engine:
         # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would
         # step it once per process, assuming a dataloader it sharded itself
         self.model, self.optimizer = accelerator.prepare(module, optimizer)
+        self._unwrapped = accelerator.unwrap_model(self.model)  # once: unwrap_model probes the file system per call
         self.state = LoopState()
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=RECENT_LOSS_STEPS)
         self.ckpt_dir = run_dir / "checkpoints"
@@ -168,7 +169,7 @@ class Engine:
 
     @property
     def unwrapped(self) -> nn.Module:
-        return self.acc.unwrap_model(self.model)
+        return self._unwrapped
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> LoopState:

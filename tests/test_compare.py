@@ -182,6 +182,14 @@ def test_report_file_links_plots_relative_to_it(tmp_path):
     write_report(grid, report=tmp_path / "docs" / "results.md")
     text = (tmp_path / "docs" / "results.md").read_text()
     assert "](../out/plots/overview.png)" in text and text.startswith("## tiny\n")
+    # the rows beside the report feed docs/results.md's placeholders
+    from magclip.results_doc import render
+
+    rows = json.loads((tmp_path / "docs" / "results.json").read_text())["rows"]
+    label = ",".join(f"{k}={v}" for k, v in rows[0]["labels"].items())
+    column = next(iter(rows[0]["stats"]))
+    mean = rows[0]["stats"][column]["mean"]
+    assert render(f"{{{{grid docs/results.json {label} {column} .4}}}}", tmp_path) == f"{mean:.4f}"
 
 
 # ----------------------------------------------------------------------------- generic launcher

@@ -1,0 +1,53 @@
+"""docs/results.md is rendered, never typed: placeholders resolve from JSON files, bad ones name what
+is missing, and the committed document equals the rendering of the committed template."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from magclip.results_doc import RenderError, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path) -> None:
+    (tmp_path / "eval.json").write_text(json.dumps({"scifact": {"modes": {"cosine": {"ndcg@10": 0.64512}}},
+                                                    "bins": [{"d": -0.5}, {"d": 0.25}], "pick": "qnorm"}))
+    (tmp_path / "grid.json").write_text(json.dumps({"rows": [
+        {"labels": {"loss": "cosine"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.8, "std": 0.01, "n": 2}}},
+        {"labels": {"loss": "dot"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.7, "std": None, "n": 1}}}]}))
+    (tmp_path / "table.md").write_text("| a |\n|---|\n| 1 |\n")
+
+
+def test_placeholders_resolve(tmp_path):
+    write(tmp_path)
+    text = ("cosine {{num eval.json scifact.modes.cosine.ndcg@10 x100}}, grid {{grid grid.json loss=cosine "
+            "metrics.scifact/ndcg@10 x100 .1 pm}} vs {{grid grid.json loss=dot metrics.scifact/ndcg@10 x100 .1 pm}}\n"
+            "{{include table.md}}\nplain {braces} stay; bin {{num eval.json bins.1.d .3}} {{text eval.json pick}}")
+    assert render(text, tmp_path) == ("cosine 64.51, grid 80.0 ± 1.0 vs 70.0\n| a |\n|---|\n| 1 |\n"
+                                      "plain {braces} stay; bin 0.250 qnorm")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("{{num missing.json a}}", "missing.json: no such file"),
+    ("{{num eval.json scifact.modes.dot.ndcg@10}}", "not a number"),
+    ("{{grid grid.json loss=qnorm metrics.scifact/ndcg@10}}", "no row 'loss=qnorm'"),
+    ("{{grid grid.json loss=cosine metrics.med/ndcg@10}}", "no number for column"),
+    ("{{num eval.json scifact.modes.cosine.ndcg@10 y3}}", "unknown option"),
+    ("{{include nope.md}}", "no such file"),
+    ("{{text eval.json scifact.modes}}", "not a word"),
+    ("{{frobnicate}}", "cannot read placeholder"),
+])
+def test_bad_placeholders_name_the_problem(tmp_path, bad, message):
+    write(tmp_path)
+    with pytest.raises(RenderError, match=message):
+        render(bad, tmp_path)
+
+
+def test_committed_results_doc_is_the_rendered_template():
+    template = ROOT / "docs" / "results.template.md"
+    if not template.is_file():
+        pytest.skip("no docs/results.template.md in this checkout")
+    assert (ROOT / "docs" / "results.md").read_text() == render(template.read_text(), ROOT), \
+        "docs/results.md differs from its template's rendering: run python tools/render_results.py"
