@@ -1,0 +1,251 @@
+"""Shared helpers of the benchmark scripts: paths, data, child processes, step timing, tables.
+
+Every contender runs in its own child process (`python benchmarks/_run_*.py ...`), so that each
+one pays its own imports and start-up, cannot warm a cache for the other, and reports its own
+peak memory. A child writes one JSON file; the parent alternates the contenders (A B A B ...)
+and reports medians, because the machines these run on are shared and noisy: the ratio of
+interleaved medians is the figure, not any single absolute number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+EMOJI_DIR = SHARED_DATA / "emoji"
+SCIFACT_DIR = SHARED_DATA / "text" / "scifact"
+# the interpreter of open_clip_train's own venv (made by setup_open_clip_train_env.sh)
+DEFAULT_OC_PY = Path.home() / ".cache" / "magclip-bench" / "open_clip_train_venv" / "bin" / "python"
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of every contender: the same thread count for OpenMP/MKL and torch."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = str(threads)
+    env.setdefault("MAGCLIP_CACHE", "/tmp/mc_cache")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    import torch
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "host_cpus": os.cpu_count(), "threads": threads, "loadavg_at_start": load,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(),
+            "note": "shared machine: other jobs ran during the measurement; compare interleaved medians"}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def synthetic_urls(num_train: int = 6000) -> tuple[str, int]:
+    """The embedded synthetic shards (generated into $MAGCLIP_CACHE on first use) and their size."""
+    os.environ.setdefault("MAGCLIP_CACHE", "/tmp/mc_cache")
+    from magclip.data.synthetic import ensure_synthetic
+
+    synth = ensure_synthetic(None, num_train=num_train, num_val=500, image_size=32)
+    from magclip.data.shards import count_samples
+
+    return synth.train_urls, count_samples(synth.train_urls)
+
+
+def emoji_urls() -> tuple[str, int] | None:
+    """The real emoji train shards under ../shared/data/emoji, or None when missing."""
+    shards = sorted(EMOJI_DIR.glob("train-*.tar"))
+    if not shards:
+        return None
+    from magclip.data.shards import count_samples
+
+    urls = str(EMOJI_DIR / f"train-{{000000..{len(shards) - 1:06d}}}.tar")
+    return urls, count_samples(urls)
+
+
+# ----------------------------------------------------------------------------- step timing (children)
+
+
+def train_child_parser() -> argparse.ArgumentParser:
+    """The arguments both training children (`_run_magclip.py`, `_run_open_clip.py`) start with."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--num-samples", type=int, required=True)
+    p.add_argument("--model", default="tiny-resnet")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--precision", default="fp32")
+    return p
+
+
+class StepClock:
+    """Timestamps at the end of every optimizer step, for any torch optimizer in the process.
+
+    Uses torch's global optimizer step post-hook, so the trainer under test is not modified and
+    both trainers are timed by exactly the same code: the time between the end of step i and the
+    end of step j covers everything the trainer does per step (waiting for data, forward,
+    backward, clipping, optimizer, logging).
+    """
+
+    def __init__(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.times: list[float] = []
+        self._handle = register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer, args, kwargs) -> None:
+        self.times.append(time.perf_counter())
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def steady_rate(times: Sequence[float], samples_per_step: int, skip: int, measure: int | None) -> dict[str, Any]:
+    """samples/s over steps skip+1 .. skip+measure (intervals after the first `skip` steps)."""
+    end = len(times) if measure is None else min(len(times), skip + 1 + measure)
+    window = list(times[skip:end])
+    if len(window) < 2:
+        raise RuntimeError(f"only {len(times)} steps timed; need more than skip={skip}")
+    span = window[-1] - window[0]
+    steps = len(window) - 1
+    deltas = [b - a for a, b in itertools.pairwise(window)]
+    return {"samples_per_s": samples_per_step * steps / span, "steps_measured": steps, "seconds": span,
+            "step_ms_median": 1000 * statistics.median(deltas), "steps_total": len(times)}
+
+
+def peak_rss_mb() -> dict[str, float]:
+    """ru_maxrss of this process and of the largest of its finished children (loader workers), MiB."""
+    import gc
+
+    gc.collect()
+    return {"peak_rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_largest_child_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def gpu_peak_mb() -> dict[str, float]:
+    """torch.cuda.max_memory_allocated / reserved of this process in MiB (empty without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+            "cuda_max_reserved_mb": torch.cuda.max_memory_reserved() / 2**20,
+            "cuda_device": torch.cuda.get_device_name()}
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def run_child(cmd: list[str], threads: int, timeout: float = 900, label: str = "",
+              extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one contender; returns its JSON plus wall time and the tree's peak RSS (wait4)."""
+    with tempfile.TemporaryDirectory(prefix="magclip_bench_") as tmp:
+        out = Path(tmp) / "result.json"
+        log_path = Path(tmp) / "log.txt"
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([*cmd, "--out", str(out), "--workdir", tmp], cwd=REPO,
+                                    env={**child_env(threads), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT)
+            deadline = time.time() + timeout
+            peak_pss, next_sample = 0.0, 0.0
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.time() > deadline:
+                    proc.kill()
+                    pid, status, usage = os.wait4(proc.pid, 0)
+                    break
+                if time.time() >= next_sample:
+                    peak_pss = max(peak_pss, tree_pss_mb(proc.pid))
+                    next_sample = time.time() + 0.5
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0 or not out.is_file():
+            tail = log_path.read_text()[-3000:]
+            raise RuntimeError(f"{label or cmd[1]} failed (exit {proc.returncode}):\n{tail}")
+        result = json.loads(out.read_text())
+    result["wall_s"] = round(wall, 2)
+    result["peak_rss_tree_max_mb"] = usage.ru_maxrss / 1024  # the largest single process of the tree
+    result["peak_tree_pss_mb"] = peak_pss  # sampled every 0.5 s: the whole tree, shared pages split fairly
+    return result
+
+
+def tree_pss_mb(pid: int) -> float:
+    """Sum of PSS (proportional set size) over a process and its descendants, MiB; 0 if unreadable.
+
+    ru_maxrss of a forked loader worker counts the pages it shares with its parent, so it says
+    little about what a worker adds; PSS splits shared pages between the processes that map them,
+    so the sum over the tree is the tree's real footprint."""
+    try:
+        import psutil
+    except ImportError:
+        return 0.0
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            pass
+    return total / 2**20
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+
+    cells = [header] + [[fmt(v) for v in r] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
