@@ -1,6 +1,6 @@
 """GPU train-step comparison: magclip vs open_clip_train on a ViT-B/32 in bf16, one prepared run < 8 minutes.
 
-    python benchmarks/bench_gpu.py                       # on a lent GPU machine (writes results/gpu_train.json)
+    python benchmarks/bench_gpu.py                       # on a GPU machine (writes results/gpu_train.json)
     python benchmarks/bench_gpu.py --tiny                # CPU smoke check: tiny-resnet, fp32, few steps, 1 round
 
 The same measurement as `bench_train.py --part ab` (fresh child per run, optimizer-step timestamps,
@@ -63,7 +63,7 @@ def main() -> None:
         precision = ("fp32", "fp32")
     else:
         if not cuda:
-            raise SystemExit("SKIP: no CUDA device; this script is for a lent GPU machine (use --tiny for a CPU smoke check)")
+            raise SystemExit("SKIP: no CUDA device; this script is for a GPU machine (use --tiny for a CPU smoke check)")
         precision = ("bf16", "amp_bf16")
     device = "cuda" if cuda and not a.tiny else "cpu"
     hide_gpu = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else None  # --tiny: both trainers on the CPU

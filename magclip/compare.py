@@ -69,6 +69,7 @@ import json
 import math
 import os
 import re
+import shutil
 import shlex
 import statistics
 import subprocess
@@ -859,7 +860,15 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
                "rows": rows, "records": records}
     if report is not None:
         report = Path(report)
-        atomic_write_text(report, markdown_report(grid, rows, records, plot_paths, report.parent))
+        # a report lives in docs/ and is committed; run folders are not: it gets its own copy of the
+        # overview plot (the per-column bars stay in the run folder)
+        shown = []
+        overview = next((p for p in plot_paths if p.name == "overview.png"), None)
+        if overview is not None:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            shown = [report.with_name(f"{report.stem}_overview.png")]
+            shutil.copyfile(overview, shown[0])
+        atomic_write_text(report, markdown_report(grid, rows, records, shown, report.parent))
         # the rows beside the report: what docs/results.md's {{grid ...}} placeholders read (magclip.results_doc)
         atomic_write_json(report.with_suffix(".json"), {"grid": str(grid.path) if grid.path else None,
                                                         "rows": summary_rows})

@@ -16,9 +16,10 @@ Placeholders (paths relative to the repository root):
                                                 `loss=cosine`, several joined by ','; COLUMN: the
                                                 column key); `pm` appends ± the std over seeds
     {{text FILE KEY}}                           a string (or flag) of a JSON file, e.g. a recommended mode
-    {{include FILE}}                            a file's text (a generated grid report)
+    {{include FILE [+N]}}                       a file's text (a generated grid report); +N demotes
+                                                its Markdown headings by N levels
 
-Defaults: scale 1, 2 digits. A missing file, key or row is an error that names it.
+Defaults: scale 1, 2 decimals (`.3g`: 3 significant digits). A missing file, key or row is an error that names it.
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ def render(template: str, root: str | Path = ".") -> str:
         if not words:
             raise RenderError("empty placeholder {{}}")
         kind, args = words[0], words[1:]
-        if kind == "include" and len(args) == 1:
+        if kind == "include" and len(args) in (1, 2):
             path = root / args[0]
             if not path.is_file():
                 raise RenderError(f"include {args[0]}: no such file")
-            return path.read_text().rstrip("\n")
+            text = path.read_text().rstrip("\n")
+            if len(args) == 2:  # "+N": demote the included headings by N levels
+                if not re.fullmatch(r"\+[1-5]", args[1]):
+                    raise RenderError(f"include {args[0]}: option {args[1]!r} is not +1..+5")
+                text = re.sub(r"(?m)^(#+) ", lambda m: "#" * int(args[1][1:]) + m.group(1) + " ", text)
+            return text
         if kind == "num" and len(args) >= 2:
             value = lookup(load(args[0]), args[1])
             if not isinstance(value, (int, float)):
@@ -101,21 +107,21 @@ def _row_name(row: dict[str, Any]) -> str:
 
 
 def _format(value: float, std: float | None, options: list[str]) -> str:
-    scale, digits, pm = 1.0, 2, False
+    scale, spec, pm = 1.0, ".2f", False
     for opt in options:
-        if opt.startswith("x"):
-            scale = float(opt[1:])
-        elif opt.startswith("."):
-            digits = int(opt[1:])
-        elif opt == "pm":
+        if opt == "pm":
             pm = True
+        elif re.fullmatch(r"x[0-9.e+-]+", opt):
+            scale = float(opt[1:])
+        elif re.fullmatch(r"\.[0-9]+[fg]?", opt):
+            spec = opt if opt[-1] in "fg" else opt + "f"
         else:
-            raise RenderError(f"unknown option {opt!r} (use xSCALE, .DIGITS or pm)")
+            raise RenderError(f"unknown option {opt!r} (use xSCALE, .DIGITS, .DIGITSg or pm)")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    text = f"{value * scale:.{digits}f}"
+    text = format(value * scale, spec)
     if pm and std is not None and not math.isnan(std):
-        text += f" ± {std * scale:.{digits}f}"
+        text += f" ± {format(std * scale, spec)}"
     return text
 
 

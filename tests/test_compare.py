@@ -176,12 +176,14 @@ def test_table_from_known_results(tmp_path):
     assert all(p.stat().st_size > 1000 for p in written["plots"])
 
 
-def test_report_file_links_plots_relative_to_it(tmp_path):
+def test_report_file_carries_its_own_overview_plot(tmp_path):
     grid = load_grid(grid_dict(tmp_path / "out"))
     fake_results(grid.cells()[0], 0.4, 3.0)
     write_report(grid, report=tmp_path / "docs" / "results.md")
     text = (tmp_path / "docs" / "results.md").read_text()
-    assert "](../out/plots/overview.png)" in text and text.startswith("## tiny\n")
+    # docs are committed, run folders are not: the report links its own copy of the overview
+    assert "](results_overview.png)" in text and "../out/plots" not in text and text.startswith("## tiny\n")
+    assert (tmp_path / "docs" / "results_overview.png").stat().st_size > 1000
     # the rows beside the report feed docs/results.md's placeholders
     from magclip.results_doc import render
 

@@ -18,6 +18,7 @@ def write(tmp_path: Path) -> None:
         {"labels": {"loss": "cosine"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.8, "std": 0.01, "n": 2}}},
         {"labels": {"loss": "dot"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.7, "std": None, "n": 1}}}]}))
     (tmp_path / "table.md").write_text("| a |\n|---|\n| 1 |\n")
+    (tmp_path / "report.md").write_text("## grid\ntext #not-a-heading\n### sub\n")
 
 
 def test_placeholders_resolve(tmp_path):
@@ -29,6 +30,11 @@ def test_placeholders_resolve(tmp_path):
                                       "plain {braces} stay; bin 0.250 qnorm")
 
 
+def test_include_demotes_headings(tmp_path):
+    write(tmp_path)
+    assert render("{{include report.md +1}}", tmp_path) == "### grid\ntext #not-a-heading\n#### sub"
+
+
 @pytest.mark.parametrize("bad, message", [
     ("{{num missing.json a}}", "missing.json: no such file"),
     ("{{num eval.json scifact.modes.dot.ndcg@10}}", "not a number"),
@@ -36,6 +42,7 @@ def test_placeholders_resolve(tmp_path):
     ("{{grid grid.json loss=cosine metrics.med/ndcg@10}}", "no number for column"),
     ("{{num eval.json scifact.modes.cosine.ndcg@10 y3}}", "unknown option"),
     ("{{include nope.md}}", "no such file"),
+    ("{{include table.md 2}}", "not \\+1..\\+5"),
     ("{{text eval.json scifact.modes}}", "not a word"),
     ("{{frobnicate}}", "cannot read placeholder"),
 ])
