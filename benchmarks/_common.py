@@ -92,6 +92,16 @@ def emoji_urls() -> tuple[str, int] | None:
     return urls, count_samples(urls)
 
 
+def resolve_data(which: str) -> tuple[str, int]:
+    """`--data synthetic|emoji` -> (shard URLs, sample count); SKIP (exit) when the emoji shards are missing."""
+    if which == "synthetic":
+        return synthetic_urls()
+    found = emoji_urls()
+    if found is None:
+        raise SystemExit(f"SKIP: emoji shards not found under {EMOJI_DIR} (see {BENCH_DIR / 'README.md'})")
+    return found
+
+
 # ----------------------------------------------------------------------------- step timing (children)
 
 

@@ -31,12 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     DEFAULT_OC_PY,
     RESULTS_DIR,
-    emoji_urls,
     machine_info,
     median,
     peak_rss_mb,
+    resolve_data,
     run_child,
-    synthetic_urls,
     table,
     write_json,
 )
@@ -80,15 +79,6 @@ def child_loader(a) -> None:
 
     wj(a.out, {"impl": a.impl, "workers": a.workers, "batches": len(times), "samples": n, "samples_per_s": rate,
                "first_batch_s": times[0] - t_start, "threads": torch.get_num_threads(), **peak_rss_mb()})
-
-
-def resolve_data(which: str) -> tuple[str, int]:
-    if which == "synthetic":
-        return synthetic_urls()
-    found = emoji_urls()
-    if found is None:
-        raise SystemExit("SKIP: emoji shards not found under ../shared/data/emoji")
-    return found
 
 
 def main() -> None:

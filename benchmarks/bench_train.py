@@ -35,11 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     DEFAULT_OC_PY,
     RESULTS_DIR,
-    emoji_urls,
     machine_info,
     median,
+    resolve_data,
     run_child,
-    synthetic_urls,
     table,
     write_json,
 )
@@ -55,15 +54,6 @@ MODES = {
     "asym_mixed": ("qnorm", "dnorm"),
     "asym_i2t": ("qnorm", "null"),
 }
-
-
-def resolve_data(which: str) -> tuple[str, int]:
-    if which == "synthetic":
-        return synthetic_urls()
-    found = emoji_urls()
-    if found is None:
-        raise SystemExit(f"SKIP: emoji shards not found under ../shared/data/emoji (see {HERE / 'README.md'})")
-    return found
 
 
 def common_args(a, urls: str, n: int) -> list[str]:
