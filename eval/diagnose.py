@@ -152,7 +152,8 @@ def run_text(args, out: Path) -> dict[str, Any]:
             q_len, d_len = beir_token_lengths(model, data)
             res["length"], length_samples = length_report(found, data.qrels, q_len, d_len, scorer,
                                                           n_bins=args.length_bins, k=args.k,
-                                                          max_length=model.settings.passage_max_length)
+                                                          max_length=model.settings.passage_max_length,
+                                                          relevance_samples=samples["doc_side"])
             res["plots"].append(str(plot_norm_vs_length(length_samples, out / "norm_vs_length.png", title)))
     if not args.skip_fisher:
         q, d, qids, _dids = fim.beir_pairs(data, args.fisher_pairs or 48, seed=args.seed)

@@ -125,6 +125,12 @@ def test_length_report_on_a_search():
     assert np.isnan(flat["len_rho_queries"])  # constant query lengths: undefined, not 0
     assert summary["lengths"]["documents"]["over_max"] == pytest.approx(np.mean(np.array(dl) > 256))
     assert samples["relevant"].sum() == nq
+    # the magnitude report's samples of the same search give the same report (no second pass)
+    from magclip.diagnostics.magnitude import relevance_from_ids, relevance_norms
+
+    rel = relevance_norms(queries, docs, relevance_from_ids(qids, dids, qrels), "dot", k=10)
+    again, _ = L.length_report(r, qrels, [10] * nq, dl, "dot", n_bins=2, max_length=256, relevance_samples=rel)
+    assert again["within_bin_d"] == summary["within_bin_d"]
     with pytest.raises(ValueError, match="one length"):
         L.length_report(r, qrels, [10] * (nq - 1), dl, "dot")
     table = L.format_length_table({"toy": {"scorer": {"mode": "dot"}, "length": summary}})

@@ -136,9 +136,12 @@ def retrieved_length(run: Run, qrels: Qrels, doc_lengths: Mapping[str, int], dep
 
 def length_report(retrieval: Retrieval, qrels: Qrels, query_lengths: Sequence[int], doc_lengths: Sequence[int],
                   scorer: Scorer | str, *, n_bins: int = 4, k: int = 10, metrics: Sequence[str] = ("ndcg@10",),
-                  max_length: int | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                  max_length: int | None = None,
+                  relevance_samples: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """All length diagnostics for one search (lengths aligned with `retrieval.query_ids` / `doc_ids`).
 
+    `relevance_samples`: `magnitude.relevance_norms` of the same vectors, scorer and k when the
+    caller already has them (the magnitude report computes the same thing).
     Returns (JSON-able summary, samples for `plot_norm_vs_length`).
     """
     scorer = Scorer.build(scorer)
@@ -148,7 +151,8 @@ def length_report(retrieval: Retrieval, qrels: Qrels, query_lengths: Sequence[in
     doc_norm = retrieval.doc_vecs.float().norm(dim=-1).numpy()
     query_norm = retrieval.query_vecs.float().norm(dim=-1).numpy()
     relevance = relevance_from_ids(retrieval.query_ids, retrieval.doc_ids, qrels)
-    r = relevance_norms(retrieval.query_vecs, retrieval.doc_vecs, relevance, scorer, k=k)
+    r = relevance_samples if relevance_samples is not None else \
+        relevance_norms(retrieval.query_vecs, retrieval.doc_vecs, relevance, scorer, k=k)
     by_id = dict(zip(retrieval.doc_ids, dl.tolist()))
     summary = {
         "scorer": scorer.to_dict(), "n_bins": n_bins, "k": k,
