@@ -120,6 +120,13 @@ class Scorer(nn.Module):
         """Mode and current exponents: what a results file or checkpoint records."""
         return {"mode": self.mode, "gamma_q": self.gamma_q, "gamma_d": self.gamma_d}
 
+    @property
+    def label(self) -> str:
+        """Short name for tables and result keys: the mode, with the exponents when they are free."""
+        if self.mode in ("fixed", "learnable"):
+            return f"{self.mode}({self.gamma_q:.3g},{self.gamma_d:.3g})"
+        return self.mode
+
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, gamma_q={self.gamma_q:.4f}, gamma_d={self.gamma_d:.4f}"
 

@@ -26,9 +26,9 @@ import torch
 from magclip.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from magclip.data.beir import BeirData, beir_to_pairs, doc_text, load_beir
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
+from magclip.diagnostics.length import flat_length_metrics, length_report
 from magclip.engine import Engine, TrainModule, make_accelerator
 from magclip.io import atomic_write_json, atomic_write_jsonl
-from magclip.diagnostics.length import flat_length_metrics
 from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval, search_run
 from magclip.metrics.rag import evaluate_rag, load_qa
 from magclip.metrics.sts import STSData, evaluate_sts, read_sts
@@ -230,8 +230,6 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
     (norm-length correlation, within-bin Cohen's d, nDCG@10 by document-length bin); `lengths` =
     (query, document) token counts when already known.
     """
-    from magclip.diagnostics.length import length_report
-
     scorers = [Scorer.build(s) for s in ([scorers] if isinstance(scorers, (str, Scorer)) else scorers)]
     corpus_texts = dict(zip(data.corpus, data.doc_texts()))
     if length_bins and lengths is None:
@@ -245,7 +243,7 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
         if length_bins:
             m["length"], _ = length_report(kept[0], data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
                                            max_length=model.settings.passage_max_length)
-        by_mode[_scorer_label(scorer)] = m
+        by_mode[scorer.label] = m
     entry = dict(next(iter(by_mode.values())))
     if len(by_mode) > 1:
         entry["modes"] = by_mode
@@ -309,7 +307,7 @@ def evaluate_sts_files(model: BiEncoder, paths: Sequence[str | Path], scorers: S
         for scorer in scorers:
             m = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
             m["split"] = split if Path(path).is_dir() else file.name
-            by_mode[_scorer_label(scorer)] = m
+            by_mode[scorer.label] = m
         entry = dict(next(iter(by_mode.values())))
         if len(by_mode) > 1:
             entry["modes"] = by_mode
@@ -353,16 +351,11 @@ def mine_hard_negatives(model: BiEncoder, folder: str | Path, split: str = "trai
     return rows
 
 
-def _scorer_label(scorer: Scorer) -> str:
-    if scorer.mode in ("fixed", "learnable"):
-        return f"{scorer.mode}({scorer.gamma_q:.3g},{scorer.gamma_d:.3g})"
-    return scorer.mode
-
 
 def format_beir_table(results: dict[str, dict[str, Any]]) -> str:
     rows = ["| data | mode | nDCG@10 | MRR@10 | R@100 | MAP@100 | queries | docs |", "|---|---|---|---|---|---|---|---|"]
     for name, entry in results.items():
-        for label, m in (entry.get("modes") or {_scorer_label(Scorer.build(entry["scorer"])): entry}).items():
+        for label, m in (entry.get("modes") or {Scorer.build(entry["scorer"]).label: entry}).items():
             rows.append(f"| {name} | {label} | {100 * m['ndcg@10']:.2f} | {100 * m['mrr@10']:.2f} | "
                         f"{100 * m['recall@100']:.2f} | {100 * m['map@100']:.2f} | {m['queries']} | {m['docs']} |")
     return "\n".join(rows)
@@ -372,7 +365,7 @@ def format_sts_table(results: dict[str, dict[str, Any]]) -> str:
     rows = ["| data | mode | Spearman s(a,b) | Spearman s(b,a) | Spearman mean | Pearson mean | pairs |",
             "|---|---|---|---|---|---|---|"]
     for name, entry in results.items():
-        for label, m in (entry.get("modes") or {_scorer_label(Scorer.build(entry["scorer"])): entry}).items():
+        for label, m in (entry.get("modes") or {Scorer.build(entry["scorer"]).label: entry}).items():
             rows.append(f"| {name} | {label} | {100 * m['spearman_ab']:.2f} | {100 * m['spearman_ba']:.2f} | "
                         f"{100 * m['spearman']:.2f} | {100 * m['pearson']:.2f} | {m['pairs']} |")
     return "\n".join(rows)

@@ -114,3 +114,9 @@ def test_transposed_scores_the_other_way_round(scorer):
 def test_float64_features_stay_float64():
     q, d = _features(3).double(), _features(4).double()
     assert Scorer("qnorm")(q, d).dtype == torch.float64
+
+
+def test_label_names_the_mode_and_free_exponents():
+    assert Scorer("qnorm").label == "qnorm"
+    assert Scorer("fixed", 0.25, 0.75).label == "fixed(0.25,0.75)"
+    assert Scorer("learnable", 1.0, 1.0).label == "learnable(1,1)"

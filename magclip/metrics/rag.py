@@ -351,7 +351,7 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
         m = rag_metrics(ranked, [data.answers[q] for q in qids], [data.gold[q] for q in qids], normalized, ks,
                         frozenset(extra_ids), answer_match)
         m["scorer"] = scorer.to_dict()
-        label = scorer_label(scorer)
+        label = scorer.label
         by_mode[label] = m
         if keep_ranked:
             ranked_by_mode[label] = [r[:keep_ranked] for r in ranked]
@@ -360,12 +360,6 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
             "distractor_passages": len(extra_ids), "doc_norm_mean": float(doc_vecs.norm(dim=-1).mean()),
             "query_norm_mean": float(query_vecs.norm(dim=-1).mean()), "encode_docs_s": round(t1 - t0, 2),
             "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
-
-
-def scorer_label(scorer: Scorer) -> str:
-    if scorer.mode in ("fixed", "learnable"):
-        return f"{scorer.mode}({scorer.gamma_q:.3g},{scorer.gamma_d:.3g})"
-    return scorer.mode
 
 
 # ---------------------------------------------------------------------------- generator hook
