@@ -42,11 +42,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
-from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir
+from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
 
 log = logging.getLogger("magclip.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
 RECENT_LOSS_STEPS = 20  # results.json's train_loss_recent: mean loss over the last this many steps
 
 
@@ -460,7 +461,10 @@ class Engine:
         state_file = path / "state.pt"
         if not state_file.is_file():
             raise FileNotFoundError(f"checkpoint {path} has no state.pt")
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        state = safe_torch_load(state_file)  # a checkpoint folder is user input: nothing in it may run code
+        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise ValueError(f"{state_file} is not a magclip training state: no {', '.join(missing)}")
         self.unwrapped.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -475,13 +479,18 @@ class Engine:
 
 
 def _get_rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+    """Every RNG's state as tensors and plain values, so that state.pt loads with weights_only=True."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def _set_rng_state(rng: dict[str, Any]) -> None:
     torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
+    n = rng["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     random.setstate(rng["python"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

@@ -1,9 +1,12 @@
-"""Atomic writes: a reader (or a resumed run) sees the old file or the new one, never half of one."""
+"""Files in and out: atomic writes (a reader, or a resumed run, sees the old file or the new one,
+never half of one) and the one safe way to read a torch file that a user hands us."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -83,3 +86,38 @@ def recover_dir(final_dir: str | Path) -> bool:
         return False
     os.replace(old, final_dir)
     return True
+
+
+class UnsafeFileError(ValueError):
+    """A torch file holds Python objects beyond tensors and plain values: unpickling them could run code."""
+
+
+class DamagedFileError(ValueError):
+    """A torch file is truncated or not a torch file at all."""
+
+
+def load_error(path: str | Path, exn: BaseException) -> ValueError | None:
+    """What went wrong when `torch.load(path, weights_only=True)` raised `exn`, as an error that names
+    the file; None where `exn` is not about the file's content (e.g. a missing file)."""
+    if isinstance(exn, OSError):
+        return None
+    if isinstance(exn, pickle.UnpicklingError) and "weights only load failed" in str(exn).lower():
+        found = re.search(r"GLOBAL ([\w.]+)", str(exn))
+        what = f" such as {found.group(1)}" if found else ""
+        return UnsafeFileError(
+            f"refusing to load {path}: it holds Python objects{what} beyond tensors and plain values, and "
+            "unpickling them could run arbitrary code. Files written by magclip never do; do not load a "
+            "file from an untrusted source any other way")
+    first = str(exn).splitlines()[0].split(". ")[0][:200] if str(exn) else type(exn).__name__
+    return DamagedFileError(f"{path} is damaged: truncated, or not a file written by torch.save ({first})")
+
+
+def safe_torch_load(path: str | Path) -> Any:
+    """`torch.load` that never runs code from the file (weights_only) and names a bad file in its error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exn:
+        error = load_error(path, exn)
+        if error is None:
+            raise
+        raise error from None

@@ -69,7 +69,7 @@ from magclip.data.shards import (
     load_image,
     tar_members,
 )
-from magclip.io import atomic_write_json, publish_dir
+from magclip.io import DamagedFileError, UnsafeFileError, atomic_write_json, publish_dir
 from magclip.losses import CLIPLoss
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import RawCLIP, create_clip
@@ -202,6 +202,8 @@ def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float
         raise FileNotFoundError(f"checkpoint weights not found: {weights}")
     try:
         bundle = create_clip(meta["model"], str(weights), device=device)
+    except (UnsafeFileError, DamagedFileError):
+        raise
     except ValueError as exn:
         trained = ((meta.get("config") or {}).get("model") or {}).get("name")
         also = f"; its run config says model {trained!r}" if trained and trained != meta["model"] else ""
@@ -221,6 +223,8 @@ def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", 
     scorers = scorers_for_mode(mode, gamma_q, gamma_d)
     try:
         bundle = create_clip(model, pretrained, device=device)
+    except (UnsafeFileError, DamagedFileError):
+        raise
     except ValueError as exn:
         meta_path = Path(pretrained).parent / CHECKPOINT_META if looks_like_file else None
         if meta_path is None or not meta_path.is_file():

@@ -40,3 +40,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class _RunsCode:
+    """Unpickling this calls `open(marker, "w")`: the marker file appears if the payload ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def crafted_torch_file(path: Path, marker: Path, content: dict | None = None) -> Path:
+    """A torch.save file as an attacker would share it: plausible content plus a payload that runs
+    on an unsafe `torch.load` (weights_only=False) and creates `marker`."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**(content or {}), "payload": _RunsCode(marker)}, path)
+    return path

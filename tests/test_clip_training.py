@@ -217,7 +217,7 @@ def test_asymmetric_learnable_exponents_train_within_unit_interval(tmp_path, syn
         assert results["scorers"]["i2t"][name] == pytest.approx(trajectory[-1])
 
     # the stored parameters themselves (logs clamp when reading) were projected into [0, 1]
-    state = torch.load(latest_checkpoint(run_dir) / "state.pt", map_location="cpu", weights_only=False)
+    state = torch.load(latest_checkpoint(run_dir) / "state.pt", map_location="cpu", weights_only=True)
     gammas = {k: float(v) for k, v in state["module"].items() if "gamma_" in k}
     assert len(gammas) == 2, sorted(state["module"])
     assert all(0.0 <= v <= 1.0 for v in gammas.values()), gammas

@@ -40,10 +40,10 @@ from magclip.clip_training import CHECKPOINT_META, CLIPTrainModule, train_clip
 from magclip.config import load_config
 from magclip.data.shards import build_clip_loader, epoch_order
 from magclip.engine import CheckpointWriteError, NonFiniteLossError
-from magclip.io import atomic_torch_save, atomic_write_json
+from magclip.io import DamagedFileError, UnsafeFileError, atomic_torch_save, atomic_write_json
 from magclip.models.clip import CONFIG_DIR, create_clip, register_model_configs, save_checkpoint_for_open_clip
 from magclip.zeroshot import load_checkpoint, resolve_checkpoint
-from builders import free_port, good, png, write_tar
+from builders import crafted_torch_file, free_port, good, png, write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train" / "clip.py"
@@ -98,7 +98,7 @@ def assert_complete_checkpoint(step_dir: Path, step: int) -> None:
     """model.pt loads in plain open_clip, state.pt holds the step, magclip.json parses; all finite."""
     register_model_configs()
     open_clip.create_model_and_transforms("tiny-resnet", pretrained=str(step_dir / "model.pt"))
-    state = torch.load(step_dir / "state.pt", map_location="cpu", weights_only=False)
+    state = torch.load(step_dir / "state.pt", map_location="cpu", weights_only=True)
     assert state["loop"]["step"] == step
     assert all(torch.isfinite(v).all() for v in state["module"].values() if v.is_floating_point())
     assert json.loads((step_dir / CHECKPOINT_META).read_text())["model"] == "tiny-resnet"
@@ -595,3 +595,53 @@ def test_atomic_writes_keep_the_old_file_when_the_disk_is_full(tmp_path, monkeyp
     assert json.loads(results.read_text()) == {"old": True}
     assert torch.equal(torch.load(state, weights_only=True)["old"], torch.ones(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "state.pt"]  # no temp file left
+
+
+# ----------------------------------------------------------------------------- security: files that carry code
+
+
+def test_resume_from_a_crafted_state_pt_is_refused_and_runs_nothing(tmp_path, clean_shards, resnet_step):
+    step = tmp_path / "shared_ckpt"
+    step.mkdir()
+    (step / "model.pt").write_bytes((resnet_step / "model.pt").read_bytes())
+    (step / CHECKPOINT_META).write_bytes((resnet_step / CHECKPOINT_META).read_bytes())
+    marker = tmp_path / "payload_ran"
+    crafted_torch_file(step / "state.pt", marker, {"loop": {"step": 1}})
+    with pytest.raises(UnsafeFileError) as err:
+        train_clip(load_config(None, overrides(tmp_path, "victim", clean_shards, f"train.resume={step}")))
+    assert not marker.exists()
+    assert f"refusing to load {step / 'state.pt'}" in str(err.value) and "arbitrary code" in str(err.value)
+
+
+def test_crafted_model_pt_is_refused_by_evaluation_and_training(tmp_path, clean_shards, resnet_step):
+    step = tmp_path / "step"
+    step.mkdir()
+    (step / CHECKPOINT_META).write_bytes((resnet_step / CHECKPOINT_META).read_bytes())
+    marker = tmp_path / "payload_ran"
+    weights = crafted_torch_file(step / "model.pt", marker, load_weights(resnet_step / "model.pt"))
+    with pytest.raises(UnsafeFileError, match=f"refusing to load {re.escape(str(weights))}"):
+        load_checkpoint(step)
+    with pytest.raises(UnsafeFileError, match=f"refusing to load {re.escape(str(weights))}"):
+        train_clip(load_config(None, [*overrides(tmp_path, "init", clean_shards), f"model.pretrained={weights}"]))
+    assert not marker.exists()
+
+
+def test_safe_state_pt_round_trips_every_rng(tmp_path, unbroken):
+    """What the trainer writes loads with weights_only=True: no pickled object is needed to resume."""
+    state = torch.load(unbroken / "checkpoints" / latest_name(unbroken) / "state.pt", weights_only=True)
+    assert state["rng"]["numpy"]["keys"].dtype == torch.int64 and len(state["rng"]["numpy"]["keys"]) == 624
+
+
+@pytest.mark.parametrize("name", ["state.pt", "model.pt"])
+def test_truncated_checkpoint_file_is_named_as_damaged(tmp_path, clean_shards, unbroken, name):
+    step = tmp_path / "step"
+    step.mkdir()
+    for f in (unbroken / "checkpoints" / latest_name(unbroken)).iterdir():
+        (step / f.name).write_bytes(f.read_bytes())
+    data = (step / name).read_bytes()
+    (step / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(DamagedFileError, match=f"{re.escape(str(step / name))} is damaged: truncated"):
+        if name == "model.pt":
+            load_checkpoint(step)
+        else:
+            train_clip(load_config(None, overrides(tmp_path, "resumed", clean_shards, f"train.resume={step}")))

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 import magclip
-from magclip.io import atomic_write_bytes
+from magclip.io import atomic_write_bytes, load_error
 
 __all__ = [
     "CONFIG_DIR",
@@ -213,8 +214,12 @@ def create_clip(
         clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
             name, pretrained=pretrained, device=device, **model_kwargs
         )
-    except RuntimeError as exn:
-        if pretrained is None or not Path(pretrained).is_file() or "loading state_dict" not in str(exn):
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as exn:
+        if pretrained is None or not Path(pretrained).is_file():
+            raise
+        if not isinstance(exn, RuntimeError) or "PytorchStreamReader" in str(exn):
+            raise load_error(pretrained, exn) from None  # open_clip's torch.load (weights_only) refused the file
+        if "loading state_dict" not in str(exn):
             raise
         # torch lists every key and shape (kilobytes); say what does not fit, briefly
         raise ValueError(

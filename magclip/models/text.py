@@ -35,6 +35,7 @@ import copy
 import importlib.util
 import json
 import logging
+import pickle
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,7 +43,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from magclip.io import atomic_write_json
+from magclip.io import atomic_write_json, load_error
 
 log = logging.getLogger("magclip.text")
 
@@ -162,7 +163,7 @@ class BiEncoder(nn.Module):
                         query_max_length: int | None = None, passage_max_length: int | None = None,
                         shared: bool | None = None, **hf_kwargs) -> "BiEncoder":
         """Load a magclip folder, a sentence-transformers folder, or any HF encoder; given arguments override."""
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         path = resolve_model_path(name_or_path)
         folder = Path(path)
@@ -178,11 +179,11 @@ class BiEncoder(nn.Module):
                 q_dir = p_dir = folder
             else:
                 q_dir, p_dir = folder / meta["towers"]["query"], folder / meta["towers"]["passage"]
-            q_model = AutoModel.from_pretrained(str(q_dir), **hf_kwargs)
+            q_model = _load_encoder(q_dir, hf_kwargs)
             tok = AutoTokenizer.from_pretrained(str(q_dir))
             p_model = p_tok = None
             if not base.shared:
-                p_model = AutoModel.from_pretrained(str(p_dir), **hf_kwargs)
+                p_model = _load_encoder(p_dir, hf_kwargs)
                 p_tok = AutoTokenizer.from_pretrained(str(p_dir))
                 if settings.shared:
                     raise ValueError(f"{folder} holds separate towers; it cannot be loaded with shared=True")
@@ -196,7 +197,7 @@ class BiEncoder(nn.Module):
         if st:
             settings_kwargs.update(st["settings"])
             scorer = st["scorer"]
-        q_model = AutoModel.from_pretrained(path, **hf_kwargs)
+        q_model = _load_encoder(path, hf_kwargs)
         tok = AutoTokenizer.from_pretrained(path)
         if "query_max_length" not in settings_kwargs:
             limit = _model_max_length(tok, q_model)
@@ -364,6 +365,17 @@ def _model_max_length(tokenizer, model) -> int:
     if positions:
         limit = min(limit, positions)
     return int(min(limit, 512))
+
+
+def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
+    """`AutoModel.from_pretrained`, whose weights_only refusal of an unsafe weights file names the folder.
+    Remote code stays off (transformers' default): a model folder is user input."""
+    from transformers import AutoModel
+
+    try:
+        return AutoModel.from_pretrained(str(path), **hf_kwargs)
+    except pickle.UnpicklingError as exn:
+        raise load_error(path, exn) from None
 
 
 def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:

@@ -145,3 +145,19 @@ def test_packaged_minilm_is_mean_pooling_256_and_matches_sentence_transformers()
     ref = st.SentenceTransformer(str(path), device="cpu").encode(TEXTS[:3], convert_to_tensor=True).cpu()
     ours = torch.nn.functional.normalize(m.encode(TEXTS[:3], "passage"), dim=-1)
     assert torch.allclose(ours, ref, atol=1e-5)
+
+
+def test_crafted_weights_in_a_model_folder_are_refused_and_run_nothing(tmp_path):
+    from builders import crafted_torch_file
+    from safetensors.torch import load_file
+
+    from magclip.io import UnsafeFileError
+
+    folder = make_tiny_bert(tmp_path / "shared-model")
+    weights = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "payload_ran"
+    crafted_torch_file(folder / "pytorch_model.bin", marker, weights)
+    with pytest.raises(UnsafeFileError, match=f"refusing to load {folder}"):
+        BiEncoder.from_pretrained(folder)
+    assert not marker.exists()
