@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     import torch.distributed as dist
 
-    from magclip.clip_training import train_clip
+    from magclip.training.clip import train_clip
     from magclip.config import load_config
 
     overrides = [
@@ -87,7 +87,7 @@ class _CachedLoader:
 
 def _use_cached_batches(cfg, k: int) -> None:
     """Patch train_clip's loader factory: decode k real batches once (0 workers), then serve them from memory."""
-    import magclip.clip_training as ct
+    import magclip.training.clip as ct
 
     real = ct.build_clip_loader
     cache = {}

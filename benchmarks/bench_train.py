@@ -169,7 +169,7 @@ def part_loss(a) -> dict:
 
     import torch
 
-    from magclip.clip_training import build_logit_scale, build_loss
+    from magclip.training.clip import build_logit_scale, build_loss
     from magclip.config import LossConfig
 
     torch.set_num_threads(a.threads)

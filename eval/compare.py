@@ -1,98 +1,22 @@
 """Run a grid of trainings (modes per direction x weights x seeds x datasets) and tabulate them.
 
+Installed as `magclip-compare` (the same arguments); every option: --help (magclip/cli/compare.py).
+
     python eval/compare.py --grid configs/compare/synthetic.yaml                 # run missing cells, then report
     python eval/compare.py --grid configs/compare/synthetic.yaml --print-commands   # one shell line per missing cell
     python eval/compare.py --grid configs/compare/synthetic.yaml --max-cells 2      # at most 2 cells this time
     python eval/compare.py --grid configs/compare/synthetic.yaml --only-report --report docs/results_synthetic.md
     python eval/compare.py --grid configs/compare/clip_emoji.yaml
     python eval/compare.py --grid configs/compare/synthetic.yaml --output-dir /tmp/smoke train.max_steps=2
-
-Cells run one after another as subprocesses (`python train/clip.py --config BASE k=v ...`), from the
-current directory (run from the repository root); a finished cell (its results.json exists) is
-skipped, so re-running after a kill finishes only the missing cells, and an interrupted cell
-restarts (overwrite=true) or continues from its last checkpoint (train.resume=latest). Extra
-positional `key=value` overrides go to every cell (and change its spec: cells finished without
-them are reported as stale). --print-commands prints the pending cells' commands for a cluster
-scheduler (one line per cell, run from the repository root) and runs nothing.
-
-Writes <output_dir>/compare.md (the table: one row per setting, mean ± std over the aggregated
-axes -- seeds -- with the best row per column in bold), compare.csv (the same numbers), cells.csv
-(one row per cell), compare.json, plots/*.png (a bar chart per column + overview.png), and
-prints the table. --report PATH writes the Markdown section also to PATH (plot links relative
-to it) for docs/results.md to include. The grid format is documented in magclip/compare.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.compare import (
-    GridError,
-    grid_commands,
-    load_grid,
-    run_grid,
-    unresolved_columns,
-    validate_cells,
-    write_report,
-)
-
-
-def _terminate(signum, frame):  # SIGTERM -> SystemExit, so the running cell's process is stopped too
-    raise SystemExit(128 + signum)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grid", required=True, help="grid YAML (see magclip/compare.py)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides for every cell, e.g. train.max_steps=2")
-    parser.add_argument("--output-dir", default=None, help="replace the grid's output_dir")
-    parser.add_argument("--print-commands", action="store_true", help="print the pending cells' commands and exit")
-    parser.add_argument("--all", action="store_true", help="with --print-commands: finished cells too")
-    parser.add_argument("--only-report", action="store_true", help="run nothing; collect what is there")
-    parser.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells")
-    parser.add_argument("--report", default=None, help="also write the Markdown section to this file")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG bar plots")
-    parser.add_argument("--no-validate", action="store_true",
-                        help="skip loading every cell's config before running (done by default)")
-    args = parser.parse_args(argv)
-    for item in args.overrides:
-        if "=" not in item:
-            parser.error(f"override {item!r} must look like key.sub=value")
-    try:
-        grid = load_grid(args.grid, args.overrides, args.output_dir)
-        if not (args.print_commands or args.only_report or args.no_validate):
-            validate_cells(grid)
-    except GridError as e:
-        parser.error(str(e))
-
-    if args.print_commands:
-        for line in grid_commands(grid, include_finished=args.all):
-            print(line)
-        return 0
-
-    failed: list[str] = []
-    if not args.only_report:
-        signal.signal(signal.SIGTERM, _terminate)
-        outcome = run_grid(grid, max_cells=args.max_cells)
-        failed = outcome["failed"]
-    written = write_report(grid, report=args.report, plots=not args.no_plots)
-    print()
-    print(written["table"])
-    for key, cells in unresolved_columns(written["records"]).items():
-        print(f"warning: column {key!r} has no number in finished cells: {', '.join(cells)}")
-    print(f"\nreport: {written['markdown']}  csv: {written['csv']}  per cell: {written['cells_csv']}")
-    if written["plots"]:
-        print(f"plots: {written['plots'][0].parent}/")
-    if failed:
-        print(f"failed cells ({len(failed)}): {', '.join(failed)}; logs in {grid.output_dir / 'logs'}")
-        return 1
-    return 0
-
+from magclip.cli.compare import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from magclip.io import atomic_write_text
-from magclip.similarity import MODES
+from magclip.similarity import MODES, make_scorer
+from magclip.temperature import TEXT_COSINE_SCALE
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -97,14 +98,98 @@ class TrainConfig:
 
 
 @dataclass
+class ClipTrainConfig(TrainConfig):
+    """The CLIP trainer's defaults are the main job (tiny ResNet on the embedded scenes, ~230 steps)."""
+
+    epochs: int = 5
+    lr: float = 2e-3
+    warmup_steps: int = 20
+
+
+@dataclass
 class RunConfig:
+    """A CLIP run (train/clip.py). The defaults are the main job: no config file is needed."""
+
     name: str = "default"
     output_dir: str = "runs"
     overwrite: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: ClipTrainConfig = field(default_factory=ClipTrainConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+# ---------------------------------------------------------------------------- text retrieval runs
+@dataclass
+class TextModelConfig:
+    name: str = "minilm"                   # 'minilm', a local folder, 'pkg:module/sub' or a hub name
+    pooling: str | None = None             # mean / cls / last; None: the folder's own (mean for plain HF)
+    query_prefix: str | None = None        # None: the folder's own prompts ('' for plain HF)
+    passage_prefix: str | None = None
+    query_max_length: int | None = 64
+    passage_max_length: int | None = 256
+    shared: bool = True                    # one tower for both sides; false copies it into two
+    grad_checkpointing: bool = False
+
+
+@dataclass
+class TextDataConfig:
+    train: str | None = None               # pairs: .jsonl[.gz], folder, tar shards (brace patterns, '::')
+    beir: str | None = None                # or a BEIR folder whose `beir_split` qrels become pairs
+    beir_split: str = "train"
+    random_negatives: int = 0              # BEIR conversion: random corpus negatives per query
+    max_records: int | None = None         # use only the first N records (quick runs)
+    group_size: int = 1                    # documents per query: 1 positive + group_size-1 hard negatives
+    passage_max_tokens: int | None = None  # training truncation of documents; None: model.passage_max_length
+    passage_min_tokens: int | None = None  # set: each document cut at a length drawn from [min, max] (length-varied)
+
+
+@dataclass
+class TextLossConfig:
+    mode: str = "cosine"
+    gamma_q: float | None = None           # 'learnable': initial exponents; 'fixed': the exponents
+    gamma_d: float | None = None
+    doc_to_query: bool = False             # add the positive-document -> query term
+    q2d_weight: float = 1.0
+    d2q_weight: float = 1.0
+    local_loss: bool = True
+    gather_with_grad: bool = True
+    logit_scale_init: float | None = None  # None: 20 for cosine, 1 for modes with a raw side
+    logit_scale_learnable: bool | None = None
+    logit_scale_max: float | None = None
+    logit_scale_from_norms: bool = False   # start at cosine's effective temperature (cosine_scale) on batch 1
+    cosine_scale: float = TEXT_COSINE_SCALE
+
+
+@dataclass
+class TextEvalConfig:
+    beir: dict[str, str] = field(default_factory=dict)   # name -> BEIR folder
+    sts: dict[str, str] = field(default_factory=dict)    # name -> STS TSV
+    split: str = "test"
+    max_queries: int | None = None          # evaluate on a subset (quick runs; not comparable to full numbers)
+    max_docs: int | None = None
+    batch_size: int = 64
+    backend: str = "auto"                   # search: auto / torch / faiss
+    at_start: bool = False                  # also evaluate the model before training (zero-shot)
+    rag: dict[str, str] = field(default_factory=dict)    # name -> QA folder (qa.jsonl + corpus): answer recall@k
+    length_bins: int = 4                    # BEIR length diagnostics (norm-length rho, within-bin d, nDCG by length); 0: off
+    keep_identical_ids: bool = False        # BEIR drops a hit whose id equals the query id; true keeps it
+
+
+@dataclass
+class TextRunConfig:
+    name: str = "text"
+    output_dir: str = "runs"
+    overwrite: bool = False
+    model: TextModelConfig = field(default_factory=TextModelConfig)
+    data: TextDataConfig = field(default_factory=TextDataConfig)
+    loss: TextLossConfig = field(default_factory=TextLossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)  # configs/text set text-sized values
+    eval: TextEvalConfig = field(default_factory=TextEvalConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -127,6 +212,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     cfg = from_dict(schema, raw)
     validate(cfg)
     return cfg
+
+
+def load_text_config(path: str | Path | None = None, overrides: list[str] | None = None) -> "TextRunConfig":
+    """`load_config` with the text run schema (train/text.py)."""
+    return load_config(path, overrides, schema=TextRunConfig)
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -189,26 +279,71 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
 
 
 def validate(cfg: Any) -> None:
-    """Value checks that types alone cannot express (RunConfig only; other schemas check themselves)."""
-    if not isinstance(cfg, RunConfig):
+    """Value checks that types alone cannot express: the run schemas share the training and scorer
+    checks; each adds its own."""
+    if isinstance(cfg, RunConfig):
+        for direction in ("i2t", "t2i"):
+            _check_mode(f"loss.{direction}", getattr(cfg.loss, direction), allow_none=True)
+        if cfg.loss.i2t is None and cfg.loss.t2i is None:
+            raise ConfigError("loss.i2t and loss.t2i are both null: keep at least one direction")
+        _check_exponents(cfg.loss, [m for m in (cfg.loss.i2t, cfg.loss.t2i) if m is not None])
+    elif isinstance(cfg, TextRunConfig):
+        _check_text(cfg)
+    else:
         return
-    for direction in ("i2t", "t2i"):
-        mode = getattr(cfg.loss, direction)
-        if mode is not None and mode not in MODES:
-            raise ConfigError(f"loss.{direction}={mode!r} is not a scoring mode; allowed: {', '.join(MODES)} or null")
-    if cfg.loss.i2t is None and cfg.loss.t2i is None:
-        raise ConfigError("loss.i2t and loss.t2i are both null: keep at least one direction")
-    if cfg.train.precision not in PRECISIONS:
-        raise ConfigError(f"train.precision={cfg.train.precision!r}; allowed: {', '.join(PRECISIONS)}")
-    positive = {"train.batch_size": cfg.train.batch_size, "train.epochs": cfg.train.epochs,
-                "train.accum_freq": cfg.train.accum_freq, "train.log_every": cfg.train.log_every}
+    _check_train(cfg.train)
+
+
+def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
+    if mode is None and allow_none:
+        return
+    if mode not in MODES:
+        raise ConfigError(f"{key}={mode!r} is not a scoring mode; allowed: {', '.join(MODES)}"
+                          + (" or null" if allow_none else ""))
+
+
+def _check_exponents(loss: Any, modes: list[str]) -> None:
+    """gamma_q/gamma_d configure the modes with free exponents (fixed, learnable); elsewhere they would be ignored."""
+    given = [k for k in ("gamma_q", "gamma_d") if getattr(loss, k) is not None]
+    free = [m for m in modes if m in ("fixed", "learnable")]
+    if given and not free:
+        raise ConfigError(f"loss.{given[0]} is set but no trained mode has free exponents ({', '.join(modes)}); "
+                          "it applies to modes 'fixed' and 'learnable'")
+    for mode in free:
+        try:
+            make_scorer(mode, loss.gamma_q, loss.gamma_d)
+        except ValueError as exn:
+            raise ConfigError(f"loss: {exn}") from None
+
+
+def _check_train(train: TrainConfig) -> None:
+    if train.precision not in PRECISIONS:
+        raise ConfigError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+    positive = {"train.batch_size": train.batch_size, "train.epochs": train.epochs,
+                "train.accum_freq": train.accum_freq, "train.log_every": train.log_every}
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
-    if cfg.train.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0, got {cfg.train.lr}")
-    if cfg.train.resume not in (None, "latest") and not Path(cfg.train.resume).exists():
-        raise ConfigError(f"train.resume={cfg.train.resume!r}: no such checkpoint (use 'latest' or a path)")
+    if train.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0, got {train.lr}")
+    if train.resume not in (None, "latest") and not Path(train.resume).exists():
+        raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest' or a path)")
+
+
+def _check_text(cfg: "TextRunConfig") -> None:
+    from magclip.models.text import POOLINGS  # the pooling rules live with the model
+
+    _check_mode("loss.mode", cfg.loss.mode)
+    _check_exponents(cfg.loss, [cfg.loss.mode])
+    if cfg.model.pooling is not None and cfg.model.pooling not in POOLINGS:
+        raise ConfigError(f"model.pooling={cfg.model.pooling!r}; allowed: {', '.join(POOLINGS)} or null")
+    if (cfg.data.train is None) == (cfg.data.beir is None):
+        raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
+    if cfg.eval.backend not in ("auto", "torch", "faiss"):
+        raise ConfigError(f"eval.backend={cfg.eval.backend!r}; allowed: auto, torch, faiss")
+    for key, value in {"data.group_size": cfg.data.group_size, "eval.batch_size": cfg.eval.batch_size}.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

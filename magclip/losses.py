@@ -1,4 +1,7 @@
-"""Contrastive losses that score with a `Scorer` per direction.
+"""The contrastive losses, each scoring with a `Scorer`: CLIPLoss (image<->text, per direction) and
+RetrievalLoss (query -> documents with in-batch and hard negatives).
+
+Contrastive losses that score with a `Scorer` per direction.
 
 CLIPLoss
     Inputs: raw (unnormalized) image and text features [B, D] of this rank, the logit scale
@@ -32,8 +35,6 @@ from torch import nn
 
 from magclip import distributed
 from magclip.similarity import Scorer
-
-DIRECTIONS = ("i2t", "t2i")
 
 
 class CLIPLoss(nn.Module):
@@ -115,3 +116,102 @@ class CLIPLoss(nn.Module):
         """Project learnable exponents into [0, 1]; call after each optimizer step."""
         for scorer in self.scorers.values():
             scorer.project_()
+
+
+class RetrievalLoss(nn.Module):
+    """contrastive query -> document loss with in-batch and hard negatives, any Scorer.
+    Inputs
+        queries: raw query embeddings [B, D] of this rank.
+        docs:    raw document embeddings [B * G, D] of this rank, in groups of G = `group_size`:
+                 docs[i*G] is query i's positive, docs[i*G+1 : (i+1)*G] its hard negatives.
+        logit_scale: scalar tensor (already exponentiated).
+    Output
+        dict with `loss` and, per present term, `loss_q2d` / `acc_q2d` (and `loss_d2q` / `acc_d2q`).
+
+    query -> document (always): each query is scored against every document of the global batch:
+    its own positive and hard negatives, and every other query's positive and hard negatives on all
+    ranks. logits = scale * S(q, all_docs); the target is the position of the query's positive in
+    the gathered document list, (rank * B + i) * G.
+
+    document -> query (`doc_to_query=True`): each positive document is scored against every query of
+    the global batch, s(q_j, d_i) with the *same* Scorer (the query keeps its query-side exponent), and
+    the target is its own query. Hard negatives are not anchors here.
+
+    loss = (w_q2d * L_q2d + w_d2q * L_d2q) / (w_q2d + w_d2q), the d2q term only when enabled.
+
+    Distributed: raw features are gathered with autograd (`magclip.distributed.all_gather_with_grad`),
+    the Scorer is applied after the gather (so learnable exponents see every rank's norms). With
+    `local_loss=True` (default) this rank's queries (and positives, for d2q) are the anchors and the
+    targets are offset by rank; with `local_loss=False` every rank computes the full global loss. As in
+    CLIPLoss, both give every rank the exact gradient of the global-batch loss once DDP averages
+    gradients. Logits and the softmax are computed in float32 with autocast disabled.
+
+    When to use: bi-encoder fine-tuning (sentence-transformers' MultipleNegativesRankingLoss /
+    tevatron's contrastive loss) with a chosen similarity. With cosine, doc_to_query=True and
+    group_size=1 it is sentence-transformers' MultipleNegativesSymmetricRankingLoss at scale 20 except
+    that the d2q term here includes every query of the batch on all ranks.
+    """
+
+    def __init__(self, scorer: "str | Scorer | Mapping" = "cosine", group_size: int = 1, doc_to_query: bool = False,
+                 q2d_weight: float = 1.0, d2q_weight: float = 1.0, local_loss: bool = True,
+                 gather_with_grad: bool = True):
+        super().__init__()
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1 (1 positive + group_size-1 hard negatives), got {group_size}")
+        if q2d_weight < 0 or d2q_weight < 0:
+            raise ValueError("loss weights must be >= 0")
+        if q2d_weight + (d2q_weight if doc_to_query else 0.0) <= 0:
+            raise ValueError("the active loss terms have zero total weight")
+        self.scorer = Scorer.build(scorer)
+        self.group_size = int(group_size)
+        self.doc_to_query = bool(doc_to_query)
+        self.q2d_weight = float(q2d_weight)
+        self.d2q_weight = float(d2q_weight)
+        self.local_loss = bool(local_loss)
+        self.gather_with_grad = bool(gather_with_grad)
+
+    def forward(self, queries: torch.Tensor, docs: torch.Tensor, logit_scale: torch.Tensor) -> dict[str, torch.Tensor]:
+        b, g = queries.shape[0], self.group_size
+        if docs.shape[0] != b * g:
+            raise ValueError(f"expected {b} x group_size {g} = {b * g} documents, got {docs.shape[0]}")
+        all_q, all_d = self._gather(queries), self._gather(docs)
+        offset = distributed.rank() * b if self.local_loss else 0
+        anchors_q = queries if self.local_loss else all_q
+        n_anchor = anchors_q.shape[0]
+        device = queries.device
+
+        out: dict[str, torch.Tensor] = {}
+        with torch.autocast(device_type=device.type, enabled=False):
+            scale = logit_scale.float()
+            logits = scale * self.scorer(anchors_q, all_d)                        # [n_anchor, W*B*G]
+            targets = (torch.arange(n_anchor, device=device) + offset) * g
+            loss = F.cross_entropy(logits, targets)
+            out["loss_q2d"] = loss
+            out["acc_q2d"] = (logits.detach().argmax(dim=1) == targets).float().mean()
+            total = self.q2d_weight * loss
+            weight = self.q2d_weight
+            if self.doc_to_query:
+                positives = docs[::g] if self.local_loss else all_d[::g]            # [n_anchor, D]
+                logits_d = (scale * self.scorer(all_q, positives)).T                # s(q_j, d_i) -> [n_anchor, W*B]
+                targets_d = torch.arange(n_anchor, device=device) + offset
+                loss_d = F.cross_entropy(logits_d, targets_d)
+                out["loss_d2q"] = loss_d
+                out["acc_d2q"] = (logits_d.detach().argmax(dim=1) == targets_d).float().mean()
+                total = total + self.d2q_weight * loss_d
+                weight += self.d2q_weight
+        out["loss"] = total / weight
+        return out
+
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        if distributed.world_size() == 1:
+            return x
+        if self.gather_with_grad:
+            return distributed.all_gather_with_grad(x)
+        # the local slice keeps its graph: documents reach the loss only through the gathered list
+        return distributed.all_gather_no_grad(x, keep_local_grad=True)
+
+    def scorer_state(self) -> dict[str, float | str]:
+        return self.scorer.to_dict()
+
+    def project_(self) -> None:
+        self.scorer.project_()

@@ -34,6 +34,7 @@ FIXED_MODES: dict[str, tuple[float, float]] = {
     "dnorm": (0.0, 1.0),
 }
 MODES: tuple[str, ...] = (*FIXED_MODES, "fixed", "learnable")
+DIRECTIONS = ("i2t", "t2i")  # CLIP: image->text (the image is the query), text->image
 LEARNABLE_INIT = (0.5, 0.5)
 
 # Norms are clamped here before being raised to a power; small enough that features of norm 1e-4
@@ -129,6 +130,36 @@ class Scorer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, gamma_q={self.gamma_q:.4f}, gamma_d={self.gamma_d:.4f}"
+
+
+def make_scorer(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> Scorer:
+    """Mode + exponents -> Scorer, the one place this is decided. The exponents configure the modes
+    that have free ones ('fixed': the exponents, 'learnable': their start); cosine/dot/qnorm/dnorm
+    keep their corner, so one pair of exponents can go with several directions or modes."""
+    if check_mode(mode) in FIXED_MODES:
+        return Scorer(mode)
+    return Scorer(mode, gamma_q, gamma_d)
+
+
+def frozen(scorer: "Scorer | str | Mapping[str, Any]") -> Scorer:
+    """A copy for evaluation: the same mode and exponents (a learnable one keeps its label and its
+    trained point), trained no further."""
+    scorer = Scorer.build(scorer)
+    copy = Scorer(scorer.mode) if scorer.mode in FIXED_MODES else Scorer(scorer.mode, scorer.gamma_q, scorer.gamma_d)
+    return copy.requires_grad_(False)
+
+
+def evaluation_scorers(trained: Mapping[str, "Scorer | Mapping[str, Any]"]) -> dict[str, Scorer]:
+    """Frozen Scorers for both CLIP directions from the trained ones ("i2t" and/or "t2i"): a
+    direction the run did not train scores with the trained one's similarity, transposed."""
+    unknown = set(trained) - set(DIRECTIONS)
+    if unknown or not trained:
+        raise ValueError(f"scorers must hold 'i2t' and/or 't2i', got {sorted(trained)}")
+    out = {d: frozen(s) for d, s in trained.items()}
+    for direction, other in (("i2t", "t2i"), ("t2i", "i2t")):
+        if direction not in out:
+            out[direction] = out[other].transposed().requires_grad_(False)
+    return {d: out[d] for d in DIRECTIONS}
 
 
 def check_mode(mode: str) -> str:

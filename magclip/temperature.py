@@ -3,23 +3,28 @@
 Stored as a log-scale, like open_clip's `logit_scale`, and clipped after every optimizer step
 (open_clip clamps to [0, ln 100] in its train loop); `forward()` returns the scale itself.
 
-Defaults per mode (`default_logit_scale`), chosen so each mode starts and trains stably:
+Every temperature default of magclip is decided here (`default_logit_scale`), so that the CLIP
+and text trainers and the Fisher diagnostic start each mode alike:
 
-| mode                           | init       | learnable | max  | why |
-|--------------------------------|------------|-----------|------|-----|
-| cosine                         | 1 / 0.07   | yes       | 100  | CLIP's own setting; scores lie in [-1, 1] |
-| dot, qnorm, dnorm, fixed,      | 1.0        | yes       | 100  | a raw side's magnitude already acts as a |
-| learnable                      |            |           |      | temperature; CLIP's 14.3 on top of norms of |
-|                                |            |           |      | several units saturates the softmax at step 0 |
+| trained modes                  | init              | learnable | max  | why |
+|--------------------------------|-------------------|-----------|------|-----|
+| all cosine                     | the task's cosine | yes       | 100  | CLIP: 1 / 0.07 (open_clip); text: 20 |
+|                                | scale             |           |      | (sentence-transformers' MNRL); scores in [-1, 1] |
+| any with a raw side (dot,      | 1.0               | yes       | 100  | a raw side's magnitude already acts as a |
+| qnorm, dnorm, fixed, learnable)|                   |           |      | temperature; CLIP's 14.3 on top of norms of |
+|                                |                   |           |      | several units saturates the softmax at step 0 |
 
 A fixed scale of 1 under-trains the raw modes when norms stay small, so the scale stays learnable
-by default. `init_from_norms` gives every mode the same *effective* starting temperature: the
-scale is set so that scale * E[||q||^(1-gq)] * E[||d||^(1-gd)] equals the cosine init.
+by default. `match_cosine_temperature` gives every mode the same *effective* starting temperature
+(a run's `logit_scale_from_norms`): the scale is set so that scale * E[||q||^(1-gq)] * E[||d||^(1-gd)]
+equals the cosine scale.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +32,12 @@ from torch import nn
 
 from magclip.similarity import Scorer
 
-CLIP_INIT_SCALE = 1 / 0.07
+log = logging.getLogger("magclip.temperature")
+
+CLIP_INIT_SCALE = 1 / 0.07        # open_clip's init for cosine
 CLIP_MAX_SCALE = 100.0
+TEXT_COSINE_SCALE = 20.0          # sentence-transformers' MultipleNegativesRankingLoss (temperature 0.05)
+RAW_INIT_SCALE = 1.0              # any mode with a raw side
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,12 @@ class ScaleDefaults:
     max: float | None
 
 
-def default_logit_scale(mode: str) -> ScaleDefaults:
-    """Per-mode defaults (see the module table)."""
-    if mode == "cosine":
-        return ScaleDefaults(init=CLIP_INIT_SCALE, learnable=True, max=CLIP_MAX_SCALE)
-    return ScaleDefaults(init=1.0, learnable=True, max=CLIP_MAX_SCALE)
+def default_logit_scale(modes: str | Iterable[str], cosine_scale: float = CLIP_INIT_SCALE) -> ScaleDefaults:
+    """The defaults for a run that trains `modes` (one mode or every direction's): cosine's scale
+    (`cosine_scale`: CLIP's 1/0.07, or the text path's 20) only when every mode is cosine."""
+    modes = {modes} if isinstance(modes, str) else set(modes)
+    init = cosine_scale if modes == {"cosine"} else RAW_INIT_SCALE
+    return ScaleDefaults(init=float(init), learnable=True, max=CLIP_MAX_SCALE)
 
 
 class LogitScale(nn.Module):
@@ -61,10 +71,10 @@ class LogitScale(nn.Module):
                                       requires_grad=learnable)
 
     @classmethod
-    def for_mode(cls, mode: str, init: float | None = None, learnable: bool | None = None,
-                 max_scale: float | None = None) -> "LogitScale":
-        """A LogitScale with the mode's defaults, each overridable."""
-        d = default_logit_scale(mode)
+    def for_mode(cls, modes: str | Iterable[str], init: float | None = None, learnable: bool | None = None,
+                 max_scale: float | None = None, cosine_scale: float = CLIP_INIT_SCALE) -> "LogitScale":
+        """A LogitScale with the defaults of `modes` (see `default_logit_scale`), each overridable."""
+        d = default_logit_scale(modes, cosine_scale)
         return cls(init=d.init if init is None else init,
                    learnable=d.learnable if learnable is None else learnable,
                    max_scale=d.max if max_scale is None else max_scale)
@@ -101,3 +111,16 @@ def scale_matching_cosine(scorer: Scorer, queries: torch.Tensor, docs: torch.Ten
         q = scorer.prepare_queries(queries).norm(dim=-1).mean()
         d = scorer.prepare_docs(docs).norm(dim=-1).mean()
     return float(cosine_scale / (q * d).clamp_min(1e-12))
+
+
+@torch.no_grad()
+def match_cosine_temperature(logit_scale: LogitScale, scorer: Scorer, queries: torch.Tensor, docs: torch.Tensor,
+                             cosine_scale: float = CLIP_INIT_SCALE) -> float:
+    """Set `logit_scale` (within its max) so that `scorer` starts at cosine's effective temperature on
+    these features (a first batch); returns the scale."""
+    scale = scale_matching_cosine(scorer, queries, docs, cosine_scale)
+    if logit_scale.max_scale is not None:
+        scale = min(scale, logit_scale.max_scale)
+    logit_scale.set_(scale)
+    log.info("logit scale set from initial norms: %.4f (cosine-equivalent %.4g)", scale, cosine_scale)
+    return scale

@@ -22,8 +22,9 @@ import open_clip
 import pytest
 import torch
 
-from magclip import clip_training
-from magclip.clip_training import train_clip
+from magclip.training import clip as clip_training
+from magclip.models.clip import CHECKPOINT_META
+from magclip.training.clip import train_clip
 from magclip.config import load_config
 from magclip.models.clip import register_model_configs
 from builders import free_port, good, png, write_tar
@@ -50,7 +51,7 @@ def overrides(out: Path, synth: Path, name: str, *extra: str, workers: int = 0) 
     return [f"output_dir={out}", f"name={name}", "model.name=tiny-resnet",
             f"data.synthetic.root={synth}", f"data.synthetic.num_train={TRAIN_SIZE}", "data.synthetic.num_val=100",
             f"data.workers={workers}", f"train.batch_size={BATCH}", "train.log_every=1", "train.warmup_steps=2",
-            *extra]
+            "train.epochs=1", "train.lr=0.001", *extra]
 
 
 def run(out: Path, synth: Path, name: str, *extra: str, workers: int = 0) -> dict:
@@ -187,7 +188,7 @@ def test_end_to_end_outputs_and_open_clip_checkpoint(tmp_path, synth_root, monke
     assert not torch.allclose(want_txt.norm(dim=-1), torch.ones(4), atol=1e-3)
     assert math.isclose(float(loaded.logit_scale.detach().exp()), on_disk["logit_scale"], rel_tol=1e-5)
 
-    meta = json.loads((ckpt / clip_training.CHECKPOINT_META).read_text())
+    meta = json.loads((ckpt / CHECKPOINT_META).read_text())
     assert meta["model"] == "tiny-resnet" and meta["scorers"] == on_disk["scorers"]
     assert math.isclose(meta["logit_scale"], on_disk["logit_scale"], rel_tol=1e-6)
 

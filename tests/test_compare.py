@@ -22,18 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from magclip.compare import (
-    GridError,
-    format_value,
-    grid_commands,
-    load_grid,
-    lookup,
-    ran_log,
-    run_grid,
-    summarize,
-    validate_cells,
-    write_report,
-)
+from magclip.experiments.grid import GridError, format_value, load_grid, validate_cells
+from magclip.experiments.report import lookup, summarize, write_report
+from magclip.experiments.runner import grid_commands, ran_log, run_grid
 from magclip.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +176,7 @@ def test_report_file_carries_its_own_overview_plot(tmp_path):
     assert "](results_overview.png)" in text and "../out/plots" not in text and text.startswith("## tiny\n")
     assert (tmp_path / "docs" / "results_overview.png").stat().st_size > 1000
     # the rows beside the report feed docs/results.md's placeholders
-    from magclip.results_doc import render
+    from magclip.experiments.results_page import render
 
     rows = json.loads((tmp_path / "docs" / "results.json").read_text())["rows"]
     label = ",".join(f"{k}={v}" for k, v in rows[0]["labels"].items())

@@ -265,16 +265,16 @@ def test_data_rescaling_invariance_follows_the_normalized_side():
     torch.testing.assert_close(_F(A, B, a * X, Y, "dot", tau / a), F0, rtol=1e-9, atol=1e-12)
 
 
-def test_float64_scores_match_the_scorer():
+def test_scorer_keeps_float64_for_the_fisher():
     g = torch.Generator().manual_seed(0)
     q, d = torch.randn(5, 8, generator=g) * 3, torch.randn(7, 8, generator=g) * 0.2
     for mode in ("cosine", "dot", "qnorm", "dnorm"):
         s = Scorer(mode)
-        s64 = fim.scores(s, q.double(), d.double())
+        s64 = s(q.double(), d.double())
         assert s64.dtype == torch.float64
         torch.testing.assert_close(s64.float(), s(q, d), rtol=1e-5, atol=1e-6)
     s = Scorer("fixed", 0.3, 0.8)
-    torch.testing.assert_close(fim.scores(s, q.double(), d.double()).float(), s(q, d), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s(q.double(), d.double()).float(), s(q, d), rtol=1e-5, atol=1e-6)
 
 
 def test_recommend_picks_smaller_kappa_and_reports_common_k():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from magclip.clip_training import CLIPTrainModule, build_logit_scale, build_loss
+from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
 from magclip.config import LossConfig, TrainConfig
-from magclip.engine import Engine, make_accelerator
+from magclip.training.engine import Engine, make_accelerator
 from magclip.models.clip import create_clip
 from builders import free_port
 
@@ -84,7 +84,7 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
 
 
 def test_loss_parameters_can_have_their_own_learning_rate():
-    from magclip.engine import param_groups
+    from magclip.training.engine import param_groups
 
     loss_cfg = LossConfig(i2t="learnable", t2i="learnable")
     module = CLIPTrainModule(create_clip("tiny-resnet").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))

@@ -35,14 +35,14 @@ import torch
 from torchvision import transforms as T
 
 import magclip.io
-from magclip import clip_training
-from magclip.clip_training import CHECKPOINT_META, CLIPTrainModule, train_clip
+from magclip.training import clip as clip_training
+from magclip.training.clip import CLIPTrainModule, train_clip
 from magclip.config import load_config
 from magclip.data.shards import build_clip_loader, epoch_order
-from magclip.engine import CheckpointWriteError, NonFiniteLossError
+from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
 from magclip.io import DamagedFileError, UnsafeFileError, atomic_torch_save, atomic_write_json
-from magclip.models.clip import CONFIG_DIR, create_clip, register_model_configs, save_checkpoint_for_open_clip
-from magclip.zeroshot import load_checkpoint, resolve_checkpoint
+from magclip.models.clip import CHECKPOINT_META, CONFIG_DIR, create_clip, register_model_configs, save_checkpoint_for_open_clip
+from magclip.evaluation.checkpoint import load_checkpoint, resolve_checkpoint
 from builders import crafted_torch_file, free_port, good, png, write_tar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,8 @@ def clean_shards(tmp_path_factory) -> str:
 
 def overrides(out: Path, name: str, train: str, *extra: str, batch: int = 16) -> list[str]:
     return [f"output_dir={out}", f"name={name}", "model.name=tiny-resnet", f"data.train={train}", "data.workers=0",
-            f"train.batch_size={batch}", "train.log_every=1", "train.warmup_steps=1", *extra]
+            f"train.batch_size={batch}", "train.log_every=1", "train.warmup_steps=1", "train.epochs=1",
+            "train.lr=0.001", *extra]
 
 
 def checkpointed(out: Path, name: str, train: str, *extra: str) -> list[str]:
@@ -300,7 +301,7 @@ def record_steps(monkeypatch) -> list[dict]:
 def test_nonfinite_loss_and_gradient_steps_are_skipped_and_counted(tmp_path, clean_shards, monkeypatch, caplog):
     poison_losses(monkeypatch, {2: "nan_loss", 3: "inf_grad"})
     steps = record_steps(monkeypatch)
-    with caplog.at_level("WARNING", logger="magclip.engine"):
+    with caplog.at_level("WARNING", logger="magclip.training.engine"):
         results = train_clip(load_config(None, overrides(tmp_path, "nan", clean_shards)))
     run_dir = tmp_path / "nan"
     assert results["steps"] == STEPS and len(steps) == STEPS
@@ -356,7 +357,7 @@ step-4 checkpoint write."""
 import io, os, signal, sys
 from pathlib import Path
 import torch
-from magclip.clip_training import train_clip
+from magclip.training.clip import train_clip
 from magclip.config import load_config
 
 WHERE, STEP = sys.argv[1], "step_00000004"
@@ -418,7 +419,7 @@ def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, cl
     assert load_checkpoint(run_dir).model_name == "tiny-resnet"
 
     # resume=latest continues from it, tidies the leftovers, and lands on the unbroken run's weights
-    with caplog.at_level("INFO", logger="magclip.engine"):
+    with caplog.at_level("INFO", logger="magclip.training.engine"):
         results = train_clip(load_config(None, [*args, "train.resume=latest"]))
     assert f"at step {resumes_at} " in caplog.text
     assert results["steps"] == STEPS and latest_name(run_dir) == "step_00000004"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from magclip.results_doc import RenderError, render
+from magclip.experiments.results_page import RenderError, render
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""magclip.zeroshot and eval/zeroshot.py: open_clip parity in cosine mode, the checkpoint's own scorers
+"""magclip.evaluation.zeroshot and eval/zeroshot.py: open_clip parity in cosine mode, the checkpoint's own scorers
 for other modes, prototype rule, classification metrics, and clear errors that write nothing.
 
 A tiny random-init tiny-resnet and shards of a few 8x8 PNGs built in tmp_path keep this fast.
@@ -20,21 +20,18 @@ import torch.nn.functional as F
 from open_clip_train.train import get_clip_metrics
 
 from magclip import Scorer
-from magclip.clip_training import CHECKPOINT_META
+from magclip.models.clip import CHECKPOINT_META
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import save_checkpoint_for_open_clip
-from magclip.zeroshot import (
+from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip, resolve_checkpoint, scorers_from_meta
+from magclip.evaluation.emoji import emoji_benchmark
+from magclip.evaluation.zeroshot import (
     ClassSet,
     class_prototypes,
     class_text_features,
     classification_metrics,
-    emoji_benchmark,
     encode_shards,
-    load_checkpoint,
     load_classes,
-    load_open_clip,
-    resolve_checkpoint,
-    scorers_from_meta,
     top_classes,
 )
 

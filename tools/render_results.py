@@ -4,7 +4,7 @@
     python tools/render_results.py --check              # exit 1 if docs/results.md is not the rendering
 
 Placeholders ({{num FILE KEY}}, {{grid FILE ROW COLUMN}}, {{include FILE}}) are documented in
-magclip/results_doc.py. Regenerate the JSON files first (the commands are in the template).
+magclip/experiments/results_page.py. Regenerate the JSON files first (the commands are in the template).
 """
 
 import argparse
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.results_doc import render  # noqa: E402
+from magclip.experiments.results_page import render  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

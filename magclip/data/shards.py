@@ -247,6 +247,41 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
         yield {}
 
 
+def iter_tar_samples(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str, dict[str, bytes]]]:
+    """(shard url, key, {ext: bytes}) per sample, shard by shard in order, in one process (evaluation);
+    unreadable and damaged shards and duplicate members are counted in `skipped` (SKIP_REASONS)."""
+    for url in urls:
+        try:
+            stream = wds.gopen(url)
+        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
+            skipped["unreadable_shard"] += 1
+            log.warning("skipped unreadable shard %s: %s", url, exn)
+            continue
+        key, members = None, {}
+        try:
+            for name, read in tar_members(stream):
+                base, ext = base_plus_ext(name)
+                if base is None:
+                    continue
+                if base != key:
+                    if members:
+                        yield url, key, members
+                    key, members = base, {}
+                ext = ext.lower()
+                if ext in members:
+                    skipped["bad_member"] += 1
+                    log.warning("shard %s key %s: duplicate member .%s, keeping the first", url, base, ext)
+                    continue
+                members[ext] = read()
+        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
+            skipped["corrupt_tar"] += 1
+            log.warning("shard %s is damaged (%s: %s); samples before the damage are kept", url, type(exn).__name__, exn)
+        finally:
+            stream.close()
+        if members:
+            yield url, key, members
+
+
 def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, str]:
     """(RGB image, "", "") or (None, reason, detail). The size comes from the header, so a
     decompression bomb is refused before any pixel is decoded."""
@@ -269,26 +304,29 @@ def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, s
             return None, "undecodable_image", f"{type(exn).__name__}: {exn}"
 
 
-def check_sample(sample: dict[str, Any], max_pixels: int) -> tuple[dict[str, Any] | None, str, str]:
-    """Validate one grouped sample: ({key, caption, image}, "", "") or (None, reason, detail).
-
-    Cheap caption checks come before image decoding."""
+def check_sample(sample: dict[str, Any], max_pixels: int,
+                 caption: bool = True) -> tuple[dict[str, Any] | None, str, str]:
+    """Validate one grouped sample: ({key, caption, image}, "", "") or (None, reason, detail), the
+    one set of sample checks of training and evaluation. `caption=False` (classification only)
+    skips the caption checks and gives caption None. Cheap caption checks come before decoding."""
     ext = next((e for e in IMAGE_EXTS if e in sample), None)
     if ext is None:
         return None, "missing_image", f"members: {sorted(k for k in sample if not k.startswith('__'))}"
-    raw = sample.get("txt")
-    if raw is None:
-        return None, "missing_caption", ""
-    try:
-        caption = raw.decode("utf-8").strip()
-    except UnicodeDecodeError as exn:
-        return None, "bad_caption_encoding", str(exn)
-    if not caption:
-        return None, "empty_caption", ""
+    text = None
+    if caption:
+        raw = sample.get("txt")
+        if raw is None:
+            return None, "missing_caption", ""
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exn:
+            return None, "bad_caption_encoding", str(exn)
+        if not text:
+            return None, "empty_caption", ""
     img, reason, detail = load_image(sample[ext], max_pixels)
     if img is None:
         return None, reason, detail
-    return {"key": sample["__key__"], "caption": caption, "image": img}, "", ""
+    return {"key": sample.get("__key__"), "caption": text, "image": img}, "", ""
 
 
 def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips):

@@ -79,8 +79,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from magclip.similarity import FIXED_MODES, Scorer
-from magclip.temperature import CLIP_INIT_SCALE, default_logit_scale, scale_matching_cosine
+from magclip.similarity import Scorer
+from magclip.temperature import CLIP_INIT_SCALE, TEXT_COSINE_SCALE, default_logit_scale, scale_matching_cosine
 
 DEFAULT_MODES = ("cosine", "dot", "qnorm", "dnorm")
 CANDIDATES = ("qnorm", "dnorm")
@@ -95,16 +95,11 @@ TEXT_DIRECTIONS: dict[str, Direction] = {"q2d": ("query", "passage", False), "d2
 # ============================================================================ the likelihood
 
 
-def scores(scorer: Scorer, queries: Tensor, docs: Tensor) -> Tensor:
-    """[Nq, Nd] scores s(q, d) from the Scorer itself, in the features' dtype (float64 stays float64)."""
-    return scorer(queries, docs)
-
-
 def contrastive_loglik(queries: Tensor, docs: Tensor, scorer: Scorer | str, logit_scale: float,
                        targets: Tensor | None = None) -> Tensor:
     """log p(target_i | query_i) under softmax_j(scale * s(q_i, d_j)); targets default to i."""
     scorer = Scorer.build(scorer)
-    logits = logit_scale * scores(scorer, queries, docs)
+    logits = logit_scale * scorer(queries, docs)  # the Scorer itself; float64 stays float64
     if targets is None:
         targets = torch.arange(queries.shape[0], device=queries.device)
     return -F.cross_entropy(logits, targets, reduction="none")
@@ -309,7 +304,7 @@ def resolve_logit_scale(spec: str | float | Mapping[str, float], mode: str, scor
     if isinstance(spec, (int, float)):
         return float(spec)
     if spec == "default":
-        return float(cosine_scale) if mode == "cosine" else float(default_logit_scale(mode).init)
+        return default_logit_scale(mode, cosine_scale).init
     if spec == "matched":
         return float(scale_matching_cosine(scorer, anchors.detach().float(), candidates.detach().float(), cosine_scale))
     raise ValueError(f"logit_scale must be 'default', 'matched', a number or a {{mode: scale}} dict, got {spec!r}")
@@ -328,7 +323,7 @@ def fisher_by_mode(features: Mapping[str, Tensor], params: Sequence[Tensor], dir
     results: dict[str, Any] = {}
     grads_out: dict[str, Tensor] = {}
     for mode in modes:
-        scorer = Scorer(mode) if mode in FIXED_MODES else Scorer.build(mode)
+        scorer = Scorer.build(mode)
         a0, c0, t0 = directions[0]
         scale = resolve_logit_scale(logit_scale, scorer.mode, scorer.transposed() if t0 else scorer,
                                     features[a0], features[c0], cosine_scale)
@@ -338,7 +333,7 @@ def fisher_by_mode(features: Mapping[str, Tensor], params: Sequence[Tensor], dir
             ll = contrastive_loglik(features[anchor], features[cand], s, scale)
             rows.append(ll)
             with torch.no_grad():
-                acc.append(float((scores(s, features[anchor], features[cand]).argmax(1) ==
+                acc.append(float((s(features[anchor], features[cand]).argmax(1) ==
                                   torch.arange(ll.shape[0], device=ll.device)).double().mean()))
         logliks = torch.cat(rows)
         grads = per_example_grads(logliks, params, chunk_size=chunk_size)
@@ -447,7 +442,7 @@ def clip_fisher(clip: nn.Module, images: Tensor, texts: Tensor, *, modes: Sequen
 def text_fisher(model: nn.Module, queries: Sequence[str], docs: Sequence[str], *,
                 modes: Sequence[str] = DEFAULT_MODES, doc_to_query: bool = False,
                 block: str | Sequence[str] = "projection", logit_scale: str | float | Mapping[str, float] = "default",
-                cosine_scale: float | None = None, dtype: torch.dtype = torch.float64, rtol: float | None = None,
+                cosine_scale: float = TEXT_COSINE_SCALE, dtype: torch.dtype = torch.float64, rtol: float | None = None,
                 chunk_size: int = 1, candidates: Sequence[str] = CANDIDATES,
                 device: str | torch.device = "cpu") -> dict[str, Any]:
     """Fisher per mode for a BiEncoder on N (query, positive document) texts, docs[i] relevant to
@@ -456,9 +451,6 @@ def text_fisher(model: nn.Module, queries: Sequence[str], docs: Sequence[str], *
     holds chunk_size copies of its activations."""
     if len(queries) != len(docs):
         raise ValueError(f"{len(queries)} queries but {len(docs)} documents")
-    if cosine_scale is None:
-        from magclip.text_training import TEXT_COSINE_SCALE
-        cosine_scale = TEXT_COSINE_SCALE
     frozen = _Frozen(model, block, dtype, device)
     enc = frozen.model
     q = enc.encode_tokens(enc.tokenize(list(queries), "query"), "query")
@@ -546,7 +538,6 @@ __all__ = [
     "projection_names",
     "recommend",
     "resolve_logit_scale",
-    "scores",
     "select_block",
     "spectrum_stats",
     "text_fisher",

@@ -36,10 +36,10 @@ import open_clip
 import torch
 from torch import Tensor, nn
 
-import magclip
 from magclip.io import atomic_write_bytes, load_error
 
 __all__ = [
+    "CHECKPOINT_META",
     "CONFIG_DIR",
     "ClipBundle",
     "RawCLIP",
@@ -51,7 +51,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CONFIG_DIR = Path(magclip.__file__).resolve().parents[1] / "configs" / "models"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: a wheel install has them
+# A magclip CLIP checkpoint is a step folder: model.pt (open_clip's state dict) + this file (model
+# name, trained Scorers per direction, logit scale, the run's config).
+CHECKPOINT_META = "magclip.json"
 PKG_PREFIX = "pkg:"
 
 _registered: dict[str, Path] = {}  # model name -> JSON file handed to open_clip

@@ -21,7 +21,7 @@ import pytest
 
 from magclip.data.beir import load_beir
 from magclip.metrics.ir import evaluate_run
-from magclip.metrics.rag import load_qa
+from magclip.data.qa import load_qa
 
 
 def write_beir(folder: Path, docs=None, queries=None, qrels="q1\td1\t1\nq2\td2\t1\n", split="test") -> Path:
@@ -142,6 +142,6 @@ def test_empty_corpus_is_an_error_naming_it(tmp_path):
         load_qa(write_qa(tmp_path / "qa", QA_ROWS, docs=[]))
     (tmp_path / "blank").mkdir()
     (tmp_path / "blank" / "corpus.jsonl").write_text("\n\n")
-    from magclip.metrics.rag import load_distractors
+    from magclip.data.qa import load_distractors
     with pytest.raises(ValueError, match="empty corpus"):
         load_distractors([tmp_path / "blank"])

@@ -11,18 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from magclip.data.qa import QAData, load_distractors, load_qa
+from magclip.evaluation.rag import build_prompt, evaluate_rag, fit_prompt, generate_answers
 from magclip.metrics.rag import (
     DEFAULT_KS,
-    QAData,
-    build_prompt,
     contains_answer,
-    evaluate_rag,
     exact_match,
-    fit_prompt,
-    generate_answers,
     generator_exact_match,
-    load_distractors,
-    load_qa,
     normalize_answer,
     normalize_for_match,
     rag_metrics,

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from magclip.retrieval_loss import RetrievalLoss
+from magclip.losses import RetrievalLoss
 from magclip.similarity import Scorer
 
 

@@ -10,7 +10,8 @@ import torch
 
 from magclip.config import ConfigError
 from magclip.data.pairs import PairBatches, read_pairs, split_batch, write_pairs_shards
-from magclip.text_training import load_text_config, train_text
+from magclip.config import load_text_config
+from magclip.training.text import train_text
 from test_text_model import WORDS, make_tiny_bert  # tests/text is on sys.path under pytest's default import mode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +188,7 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
 
 def test_mined_negatives_are_unjudged_top_results(tmp_path):
     from magclip.models.text import BiEncoder
-    from magclip.text_training import mine_hard_negatives
+    from magclip.data.mining import mine_hard_negatives
 
     rows = toy_rows(10)
     beir, _ = write_toy_eval(tmp_path, rows)

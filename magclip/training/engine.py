@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from magclip.config import TrainConfig
 from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
 
-log = logging.getLogger("magclip.engine")
+log = logging.getLogger("magclip.training.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds

@@ -4,7 +4,7 @@ Why not open_clip's zero-shot code or CLIP_benchmark: both L2-normalise images a
 multiply by a fixed 100, i.e. they score every model as cosine. A dot/QNorm/DNorm/learnable
 model ranks by a different score, so here every score comes from `Scorer` (`magclip.similarity`):
 the one per direction that the checkpoint recorded in `magclip.json` (a direction the run did not
-train uses the trained one's score, transposed, as in `clip_training.eval_scorers`), or the one
+train uses the trained one's score, transposed: `similarity.evaluation_scorers`), or the one
 given with `mode=`.
 
 Retrieval. Image->text and text->image R@1/5/10, mean and median rank (`magclip.metrics.retrieval`),
@@ -49,197 +49,35 @@ import math
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import webdataset as wds
 from torch import Tensor
 
 import magclip
-from magclip.clip_training import CHECKPOINT_META, chance_recall_at_1, eval_scorers
 from magclip.data.shards import (
     DEFAULT_MAX_IMAGE_PIXELS,
     IMAGE_EXTS,
+    check_sample,
     check_shards_exist,
     expand_sources,
-    load_image,
-    tar_members,
+    iter_tar_samples,
 )
-from magclip.io import DamagedFileError, UnsafeFileError, atomic_write_json, publish_dir
-from magclip.losses import CLIPLoss
-from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
-from magclip.models.clip import RawCLIP, create_clip
-from magclip.similarity import FIXED_MODES, Scorer, check_mode
+from magclip.evaluation.checkpoint import EvalModel
+from magclip.evaluation.clip import retrieval_from_features
+from magclip.io import publish_dir
+from magclip.similarity import FIXED_MODES, Scorer
 
-log = logging.getLogger("magclip.zeroshot")
+log = logging.getLogger("magclip.evaluation.zeroshot")
 
 TASKS = ("retrieval", "classification")
 TEMPLATE_PRESETS = ("identity", "simple", "openai")
 
-# The emoji benchmark (../shared/data/emoji, see its README): split -> (domain, concept group).
-EMOJI_SPLITS: dict[str, tuple[str, str]] = {
-    "train": ("in-domain", "seen"),
-    "id_novel": ("in-domain", "novel"),
-    "id_heldcat": ("in-domain", "heldcat"),
-    "ood_seen": ("out-of-domain", "seen"),
-    "ood_novel": ("out-of-domain", "novel"),
-    "ood_heldcat": ("out-of-domain", "heldcat"),
-}
-EMOJI_EXCLUDE_GROUPS = ("Flags",)
 
-
-# ============================================================================ model and scorers
-
-
-@dataclass
-class EvalModel:
-    """What is evaluated: a raw-feature open_clip model, its transforms, and a Scorer per direction."""
-
-    clip: RawCLIP
-    preprocess: Callable
-    tokenizer: Callable
-    model_name: str
-    scorers: dict[str, Scorer]  # "i2t" and "t2i"
-    source: dict[str, Any] = field(default_factory=dict)  # checkpoint / pretrained / logit_scale
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint step folder (holding model.pt and magclip.json) for a step folder, its
-    model.pt, a run folder (follows checkpoints/latest) or a checkpoints folder (follows latest)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint not found: {p}")
-    if p.is_file():
-        return p.parent
-    if (p / "model.pt").is_file():
-        return p
-    for pointer in (p / "checkpoints" / "latest", p / "latest"):
-        if pointer.is_file():
-            target = pointer.parent / pointer.read_text().strip()
-            aside = target.with_name(f".{target.name}.old")  # a replacement killed mid-way (io.publish_dir)
-            if not target.exists() and (aside / "model.pt").is_file():
-                log.warning("%s is missing; reading %s, left aside by an interrupted checkpoint write "
-                            "(a resumed run puts it back)", target, aside)
-                return aside
-            if not (target / "model.pt").is_file():
-                raise FileNotFoundError(f"{pointer} points at {target}, which has no model.pt")
-            return target
-    raise FileNotFoundError(
-        f"no checkpoint in {p}: expected a step folder with model.pt, a run folder with "
-        "checkpoints/latest, or a model.pt file")
-
-
-def read_checkpoint_meta(step_dir: Path) -> dict[str, Any]:
-    meta_path = step_dir / CHECKPOINT_META
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{meta_path} not found: a magclip checkpoint records its model name and scorers there. "
-            "For a plain open_clip checkpoint use --model NAME --pretrained PATH --mode MODE")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exn:
-        raise ValueError(f"{meta_path} is not valid JSON: {exn}") from exn
-    for key in ("model", "scorers"):
-        if key not in meta:
-            raise ValueError(f"{meta_path} has no {key!r} entry (keys: {sorted(meta)})")
-    return meta
-
-
-def scorers_from_meta(scorers: Mapping[str, Mapping[str, Any]], where: str = "checkpoint") -> dict[str, Scorer]:
-    """Frozen Scorers for both directions from a checkpoint's `scorers` record.
-
-    Each direction gets exactly its recorded mode and exponents (a learnable one keeps its trained
-    gamma_q/gamma_d, frozen); a direction the run did not train uses the other one transposed
-    (`clip_training.eval_scorers`)."""
-    unknown = set(scorers) - {"i2t", "t2i"}
-    if unknown or not scorers:
-        raise ValueError(f"{where}: scorers must hold 'i2t' and/or 't2i', got {sorted(scorers)}")
-    specs, weights = {}, {}
-    for direction, rec in scorers.items():
-        try:
-            specs[direction] = Scorer.build({k: rec[k] for k in ("mode", "gamma_q", "gamma_d") if k in rec})
-        except (ValueError, TypeError) as exn:
-            raise ValueError(f"{where}: bad scorer for {direction}: {exn}") from exn
-        weights[direction] = float(rec.get("weight", 1.0))
-    if sum(weights.values()) <= 0:  # weights only matter to the loss; keep CLIPLoss's check happy
-        weights = {d: 1.0 for d in weights}
-    loss = CLIPLoss(specs.get("i2t"), specs.get("t2i"), weights.get("i2t", 1.0), weights.get("t2i", 1.0))
-    out = eval_scorers(loss)
-    for s in out.values():
-        s.requires_grad_(False)
-    return {"i2t": out["i2t"], "t2i": out["t2i"]}
-
-
-def scorers_for_mode(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> dict[str, Scorer]:
-    """The same Scorer for both directions (the `--mode` override). 'fixed' and 'learnable' need
-    both exponents (evaluation trains nothing: a learnable scorer is frozen at the given point)."""
-    check_mode(mode)
-    if mode in ("fixed", "learnable") and (gamma_q is None or gamma_d is None):
-        raise ValueError(f"mode {mode!r} needs both gamma_q and gamma_d for evaluation")
-    if mode in FIXED_MODES and (gamma_q is not None or gamma_d is not None):
-        raise ValueError(f"mode {mode!r} fixes the exponents; gamma_q/gamma_d only go with 'fixed' or 'learnable'")
-    out = {d: Scorer(mode, gamma_q, gamma_d) for d in ("i2t", "t2i")}
-    for s in out.values():
-        s.requires_grad_(False)
-    return out
-
-
-def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float | None = None,
-                    gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
-    """A magclip checkpoint (step folder, its model.pt, or a run folder) with its own Scorers;
-    `mode` (with gamma_q/gamma_d for fixed/learnable) overrides both directions."""
-    step_dir = resolve_checkpoint(path)
-    meta = read_checkpoint_meta(step_dir)
-    meta_path = step_dir / CHECKPOINT_META
-    scorers = (scorers_for_mode(mode, gamma_q, gamma_d) if mode is not None
-               else scorers_from_meta(meta["scorers"], where=str(meta_path)))
-    weights = Path(path) if Path(path).is_file() else step_dir / "model.pt"
-    if not weights.is_file():
-        raise FileNotFoundError(f"checkpoint weights not found: {weights}")
-    try:
-        bundle = create_clip(meta["model"], str(weights), device=device)
-    except (UnsafeFileError, DamagedFileError):
-        raise
-    except ValueError as exn:
-        trained = ((meta.get("config") or {}).get("model") or {}).get("name")
-        also = f"; its run config says model {trained!r}" if trained and trained != meta["model"] else ""
-        raise ValueError(f"{exn} (model {meta['model']!r} is named in {meta_path}{also})") from None
-    bundle.model.eval()
-    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
-                     {"checkpoint": str(step_dir), "pretrained": str(weights), "logit_scale": meta.get("logit_scale"),
-                      "scorers_from": "--mode" if mode is not None else str(meta_path)})
-
-
-def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", gamma_q: float | None = None,
-                   gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
-    """A plain open_clip model (name + pretrained tag or local file, or random init with None)."""
-    looks_like_file = pretrained is not None and ("/" in pretrained or pretrained.endswith((".pt", ".bin", ".safetensors")))
-    if looks_like_file and not Path(pretrained).is_file():  # a tag has neither; open_clip would try to download
-        raise FileNotFoundError(f"pretrained weights not found: {pretrained}")
-    scorers = scorers_for_mode(mode, gamma_q, gamma_d)
-    try:
-        bundle = create_clip(model, pretrained, device=device)
-    except (UnsafeFileError, DamagedFileError):
-        raise
-    except ValueError as exn:
-        meta_path = Path(pretrained).parent / CHECKPOINT_META if looks_like_file else None
-        if meta_path is None or not meta_path.is_file():
-            raise
-        try:
-            trained = json.loads(meta_path.read_text()).get("model")
-        except (json.JSONDecodeError, AttributeError):
-            trained = None
-        if not isinstance(trained, str):
-            raise
-        raise ValueError(f"{exn} ({meta_path} says it was trained as model {trained!r}: evaluate it with "
-                         f"--checkpoint {meta_path.parent})") from None
-    bundle.model.eval()
-    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
-                     {"checkpoint": None, "pretrained": pretrained, "scorers_from": "--mode"})
 
 
 # ============================================================================ classes and templates
@@ -378,40 +216,6 @@ class EncodedSet:
     shards: list[str]
 
 
-def _iter_grouped(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str, dict[str, bytes]]]:
-    """(shard url, key, {ext: bytes}) per sample, shard by shard in order; damage is counted."""
-    for url in urls:
-        try:
-            stream = wds.gopen(url)
-        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
-            skipped["unreadable_shard"] += 1
-            log.warning("skipped unreadable shard %s: %s", url, exn)
-            continue
-        key, members = None, {}
-        try:
-            for name, read in tar_members(stream):
-                base, ext = wds.tariterators.base_plus_ext(name)
-                if base is None:
-                    continue
-                if base != key:
-                    if members:
-                        yield url, key, members
-                    key, members = base, {}
-                ext = ext.lower()
-                if ext in members:
-                    skipped["bad_member"] += 1
-                    log.warning("shard %s key %s: duplicate member .%s, keeping the first", url, base, ext)
-                    continue
-                members[ext] = read()
-        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
-            skipped["corrupt_tar"] += 1
-            log.warning("shard %s is damaged (%s: %s); samples before the damage are kept", url, type(exn).__name__, exn)
-        finally:
-            stream.close()
-        if members:
-            yield url, key, members
-
-
 def _label_of(members: dict[str, bytes], label_field: str | None, where: str) -> Any:
     if label_field is None:
         if "cls" not in members:
@@ -462,38 +266,24 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
             txt_chunks.append(model.clip.encode_text(tokens).float().cpu())
         pending.clear()
 
-    for url, key, members in _iter_grouped(flat, skipped):
+    for url, key, members in iter_tar_samples(flat, skipped):
         where = f"shard {url} key {key}"
-        ext = next((e for e in IMAGE_EXTS if e in members), None)
-        if ext is None:
+        if not any(e in members for e in IMAGE_EXTS):
             skipped["missing_image"] += 1
             continue
         counts = per_shard.setdefault(url, [0, 0])
         counts[0] += 1
-        caption = None
-        if captions:
-            raw = members.get("txt")
-            if raw is None:
-                skipped["missing_caption"] += 1
-                continue
-            try:
-                caption = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                skipped["bad_caption_encoding"] += 1
-                continue
-            if not caption:
-                skipped["empty_caption"] += 1
-                continue
-            counts[1] += 1
-        label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
-        img, reason, detail = load_image(members[ext], max_image_pixels)
-        if img is None:
+        counts[1] += "txt" in members
+        good, reason, detail = check_sample(members, max_image_pixels, caption=captions)
+        if good is None:
             skipped[reason] += 1
-            log.warning("skipped %s: %s: %s", reason, where, detail)
+            if "caption" not in reason:
+                log.warning("skipped %s: %s: %s", reason, where, detail)
             continue
-        pending.append((model.preprocess(img), caption))
+        label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
+        pending.append((model.preprocess(good["image"]), good["caption"]))
         keys.append(key)
-        caps.append(caption)  # type: ignore[arg-type]
+        caps.append(good["caption"])
         labs.append(label)
         if len(pending) >= batch_size:
             flush()
@@ -590,20 +380,6 @@ def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer:
         correct = (top[:, 0] == labels).double().numpy()
         out["per_group_top1"] = {g: float(correct[group_of == g].mean()) for g in sorted(set(group_of.tolist()))}
     return out
-
-
-def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
-                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> dict[str, float]:
-    """Image<->text retrieval with caption identity as relevance (keys as `evaluate_retrieval`)."""
-    ids = ids_from_labels(list(captions))
-    metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
-                                image_ids=ids, text_ids=ids, chunk_size=chunk_size)
-    metrics["chance_R@1"] = chance_recall_at_1(ids)
-    metrics["num_samples"] = len(captions)
-    metrics["num_unique_captions"] = int(ids.unique().numel())
-    metrics["image_norm_mean"] = float(image_features.norm(dim=-1).mean())
-    metrics["text_norm_mean"] = float(text_features.norm(dim=-1).mean())
-    return metrics
 
 
 # ============================================================================ the evaluation
@@ -727,42 +503,6 @@ def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: Cla
         raise
 
 
-def write_results(results: Mapping[str, Any], path: str | Path) -> None:
-    """results.json, atomically (a reader sees the old file or the complete new one)."""
-    atomic_write_json(path, results)
-
-
-# ============================================================================ the emoji benchmark
-
-
-def emoji_benchmark(root: str | Path, splits: Sequence[str] | None = None) -> dict[str, Any]:
-    """Sets, class list and options for the emoji data (../shared/data/emoji, see its README).
-
-    Classes: all emoji of `emoji_index.jsonl` (1,906), named by their CLDR annotation (the caption
-    the shards carry in KEY.txt), keyed by code points (`unified`, which each sample's KEY.json
-    holds), grouped by `category`; metrics are also given without the Flags category. Domains:
-    train/id_* are the google+twitter art styles seen in training (in-domain), ood_* the openmoji
-    style (out-of-domain).
-    """
-    root = Path(root)
-    meta_path = root / "splits.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"emoji splits not found: {meta_path}")
-    meta = json.loads(meta_path.read_text())["splits"]
-    splits = list(splits) if splits else [s for s in EMOJI_SPLITS if s in meta]
-    unknown = [s for s in splits if s not in meta]
-    if unknown:
-        raise ValueError(f"unknown emoji split(s) {unknown}; {meta_path} has {sorted(meta)}")
-    data = {s: str(root / meta[s]["pattern"]) for s in splits}
-    info = {s: {"domain": EMOJI_SPLITS.get(s, ("?", "?"))[0], "concepts": EMOJI_SPLITS.get(s, ("?", "?"))[1],
-                "styles": sorted(meta[s].get("per_vendor", {})), "expected_samples": meta[s].get("count")}
-            for s in splits}
-    classes = load_classes(root / "emoji_index.jsonl", name_field="annotation", key_field="unified",
-                           group_field="category")
-    return {"data": data, "set_info": info, "classes": classes, "label_field": "unified",
-            "exclude_groups": EMOJI_EXCLUDE_GROUPS}
-
-
 # ============================================================================ table
 
 
@@ -823,27 +563,17 @@ def _scorer_text(s: Mapping[str, Any] | None) -> str:
 
 
 __all__ = [
-    "EMOJI_SPLITS",
     "ClassSet",
     "EncodedSet",
-    "EvalModel",
     "class_prototypes",
     "class_text_features",
     "classification_metrics",
     "classify",
-    "emoji_benchmark",
     "encode_shards",
     "encode_texts",
     "evaluate_zeroshot",
     "format_zeroshot_table",
-    "load_checkpoint",
     "load_classes",
-    "load_open_clip",
-    "resolve_checkpoint",
     "resolve_templates",
-    "retrieval_from_features",
-    "scorers_for_mode",
-    "scorers_from_meta",
     "top_classes",
-    "write_results",
 ]

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from magclip.compare import lookup
+from magclip.experiments.report import lookup
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 

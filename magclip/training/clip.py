@@ -7,29 +7,32 @@ with the run's own Scorers, and write `results.json` beside the checkpoints.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from magclip.config import LossConfig, RunConfig, dump_config, to_dict
+from magclip.config import LossConfig, RunConfig, to_dict
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
-from magclip.engine import Engine, TrainModule, make_accelerator
+from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss
-from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
-from magclip.models.clip import RawCLIP, create_clip, save_checkpoint_for_open_clip
-from magclip.similarity import Scorer
-from magclip.temperature import LogitScale, scale_matching_cosine
+from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_checkpoint_for_open_clip
+from magclip.similarity import Scorer, evaluation_scorers, make_scorer
+from magclip.temperature import LogitScale, match_cosine_temperature
+from magclip.training.engine import Engine, TrainModule, make_accelerator
+from magclip.training.run import (
+    latest_checkpoint,
+    loop_record,
+    prepare_run_dir,
+    write_results,
+    write_run_config,
+)
 
 log = logging.getLogger("magclip.clip")
-
-CHECKPOINT_META = "magclip.json"
 
 
 class CLIPTrainModule(TrainModule):
@@ -55,93 +58,21 @@ class CLIPTrainModule(TrainModule):
 
 def build_loss(cfg: LossConfig) -> CLIPLoss:
     """Scorers per direction from the config; learnable directions may share one exponent pair."""
-    shared = Scorer("learnable", cfg.gamma_q, cfg.gamma_d) if cfg.share_learnable else None
+    shared = make_scorer("learnable", cfg.gamma_q, cfg.gamma_d) if cfg.share_learnable else None
 
     def scorer(mode: str | None) -> Scorer | None:
         if mode is None:
             return None
-        if mode == "learnable":
-            return shared or Scorer("learnable", cfg.gamma_q, cfg.gamma_d)
-        if mode == "fixed":
-            return Scorer("fixed", cfg.gamma_q, cfg.gamma_d)
-        return Scorer(mode)
+        return shared if (shared is not None and mode == "learnable") else make_scorer(mode, cfg.gamma_q, cfg.gamma_d)
 
     return CLIPLoss(scorer(cfg.i2t), scorer(cfg.t2i), cfg.i2t_weight, cfg.t2i_weight,
                     local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad)
 
 
 def build_logit_scale(cfg: LossConfig) -> LogitScale:
-    """Cosine's CLIP defaults only when every trained direction is cosine (see magclip.temperature)."""
-    modes = {m for m in (cfg.i2t, cfg.t2i) if m is not None}
-    kind = "cosine" if modes == {"cosine"} else "raw"
-    return LogitScale.for_mode(kind, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max)
-
-
-def eval_scorers(loss: CLIPLoss) -> dict[str, Scorer]:
-    """A Scorer for both directions: an untrained direction uses the trained one's score, transposed."""
-    scorers = dict(loss.scorers.items())
-    if "i2t" not in scorers:
-        scorers["i2t"] = scorers["t2i"].transposed()
-    if "t2i" not in scorers:
-        scorers["t2i"] = scorers["i2t"].transposed()
-    return scorers
-
-
-@torch.no_grad()
-def encode_loader(clip: RawCLIP, loader, device: torch.device | str) -> dict[str, Any]:
-    """Raw features of every sample in `loader`, with keys and captions, in loader order."""
-    images, texts, keys, captions = [], [], [], []
-    skipped: dict[str, int] = {}
-    for batch in loader:
-        img, txt = clip(batch["images"].to(device), batch["texts"].to(device))
-        images.append(img.float().cpu())
-        texts.append(txt.float().cpu())
-        keys += list(batch["keys"])
-        captions += list(batch["captions"])
-        for reason, n in batch.get("skipped", {}).items():
-            skipped[reason] = skipped.get(reason, 0) + n
-    if not images:
-        raise ValueError("the evaluation data yielded no sample")
-    return {"image_features": torch.cat(images), "text_features": torch.cat(texts), "keys": keys,
-            "captions": captions, "skipped": skipped}
-
-
-def evaluate_retrieval(clip: RawCLIP, scorers: dict[str, Scorer], loader, device) -> dict[str, float]:
-    """Image<->text retrieval with caption-identity matching: a hit is any item carrying the same caption.
-
-    Identical captions (frequent in the synthetic data and in emoji with two art styles) would
-    otherwise count a correct retrieval as a miss.
-    """
-    enc = encode_loader(clip, loader, device)
-    ids = ids_from_labels(enc["captions"])
-    metrics = retrieval_metrics(enc["image_features"], enc["text_features"], i2t=scorers["i2t"], t2i=scorers["t2i"],
-                                image_ids=ids, text_ids=ids)
-    metrics["chance_R@1"] = chance_recall_at_1(ids)
-    metrics["num_samples"] = len(enc["keys"])
-    metrics["num_unique_captions"] = int(ids.unique().numel())
-    metrics["image_norm_mean"] = float(enc["image_features"].norm(dim=-1).mean())
-    metrics["text_norm_mean"] = float(enc["text_features"].norm(dim=-1).mean())
-    metrics["skipped_total"] = sum(enc["skipped"].values())
-    return metrics
-
-
-def chance_recall_at_1(ids: torch.Tensor) -> float:
-    """Expected R@1 of a random ranking: the mean share of relevant items per query."""
-    _, inverse, counts = ids.unique(return_inverse=True, return_counts=True)
-    return float((counts[inverse].float() / ids.numel()).mean())
-
-
-def prepare_run_dir(cfg: RunConfig, is_main: bool) -> Path:
-    """Refuse to overwrite a run unless asked; a resume keeps it."""
-    run_dir = cfg.run_dir
-    if cfg.train.resume is None and run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.overwrite:
-            finished = (run_dir / "results.json").exists()
-            raise FileExistsError(f"run directory {run_dir} already holds a {'finished' if finished else 'started'} run; "
-                                  "pass overwrite=true to replace it, train.resume=latest to continue it, or another name=")
-        if is_main:
-            shutil.rmtree(run_dir)
-    return run_dir
+    """The trained modes' defaults (magclip.temperature), each overridable by the config."""
+    modes = [m for m in (cfg.i2t, cfg.t2i) if m is not None]
+    return LogitScale.for_mode(modes, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max)
 
 
 def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
@@ -156,8 +87,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     """Train a CLIP model as configured; returns (and writes) the run's results."""
     t0 = time.perf_counter()
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
-    run_dir = prepare_run_dir(cfg, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
+    run_dir = prepare_run_dir(cfg, accelerator)
     torch.manual_seed(cfg.train.seed)
     with accelerator.main_process_first():
         train_urls, val_urls = resolve_data(cfg)
@@ -189,7 +119,8 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
     def evaluate(m: CLIPTrainModule, step: int) -> dict[str, float]:
-        return evaluate_retrieval(m.clip, eval_scorers(m.loss), val_loader, accelerator.device) if val_loader else {}
+        return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device) \
+            if val_loader else {}
 
     def save_model(m: CLIPTrainModule, path: Path) -> None:
         save_checkpoint_for_open_clip(m.clip, path, logit_scale=m.logit_scale.value)
@@ -197,9 +128,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
             "model": cfg.model.name, "scorers": m.loss.scorer_state(), "logit_scale": m.logit_scale.value,
             "config": to_dict(cfg)})
 
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
+    write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate)
     try:
         state = engine.fit()
@@ -209,46 +138,29 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
             final = engine.unwrapped
             for name, loader in extra_loaders.items():
                 with torch.no_grad(), accelerator.autocast():
-                    eval_sets[name] = evaluate_retrieval(final.clip.eval(), eval_scorers(final.loss), loader,
-                                                         accelerator.device)
+                    eval_sets[name] = evaluate_retrieval(final.clip.eval(), evaluation_scorers(final.loss.scorers),
+                                                         loader, accelerator.device)
         accelerator.wait_for_everyone()
         skipped = engine.reduce_counts(state.skipped_samples)
     finally:
         engine.close()
     final = engine.unwrapped
     results = {
-        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(engine.ckpt_dir / _latest_name(engine)),
+        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(engine)),
         "train_data": train_urls, "val_data": val_urls, "matching": "caption identity",
         "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
-        "steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
-        "world_size": accelerator.num_processes, "skipped_samples": dict(skipped),
-        "train_loss_recent": engine.recent_loss(),
-        "wall_time_s": round(time.perf_counter() - t0, 2), "metrics": metrics, "eval_sets": eval_sets,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **loop_record(engine, state, skipped, t0), "metrics": metrics, "eval_sets": eval_sets,
     }
-    if accelerator.is_main_process:
-        atomic_write_json(run_dir / "results.json", results)
-    accelerator.wait_for_everyone()
-    return results
-
-
-def _latest_name(engine: Engine) -> str:
-    pointer = engine.ckpt_dir / "latest"
-    return pointer.read_text().strip() if pointer.exists() else ""
+    return write_results(results, run_dir, accelerator)
 
 
 @torch.no_grad()
 def _match_cosine_temperature(module: CLIPTrainModule, loader) -> None:
-    """Set the scale so the first direction starts at cosine's effective temperature (one batch)."""
-    batch = next(iter(loader))
-    img, txt = module(batch)
+    """The first direction starts at cosine's effective temperature on one batch."""
+    img, txt = module(next(iter(loader)))
     direction, scorer = next(iter(module.loss.scorers.items()))
     q, d = (img, txt) if direction == "i2t" else (txt, img)
-    scale = scale_matching_cosine(scorer, q, d)
-    if module.logit_scale.max_scale is not None:
-        scale = min(scale, module.logit_scale.max_scale)
-    module.logit_scale.set_(scale)
-    log.info("logit scale set from initial norms: %.4f", scale)
+    match_cosine_temperature(module.logit_scale, scorer, q, d)
 
 
 def format_results_table(results: dict[str, Any]) -> str:

@@ -1,0 +1,40 @@
+"""The model options shared by the text evaluation commands (beir, sts, rag)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from magclip.evaluation.text import text_scorers
+from magclip.models.text import POOLINGS, BiEncoder
+from magclip.similarity import MODES, Scorer
+
+
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="minilm", help="minilm, a model folder, or a hub name (default: %(default)s)")
+    parser.add_argument("--mode", nargs="+", choices=MODES, default=None,
+                        help="scoring mode(s); default: the model's own")
+    parser.add_argument("--gamma-q", type=float, default=None, help="exponent for --mode fixed/learnable")
+    parser.add_argument("--gamma-d", type=float, default=None)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--out", required=True, help="results JSON")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling")
+    parser.add_argument("--query-prefix", default=None)
+    parser.add_argument("--passage-prefix", default=None)
+    parser.add_argument("--query-max-length", type=int, default=None)
+    parser.add_argument("--passage-max-length", type=int, default=None)
+    parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
+
+
+def load_model_and_scorers(args) -> tuple[BiEncoder, list[Scorer]]:
+    model = BiEncoder.from_pretrained(args.model, pooling=args.pooling, query_prefix=args.query_prefix,
+                                      passage_prefix=args.passage_prefix, query_max_length=args.query_max_length,
+                                      passage_max_length=args.passage_max_length)
+    return model, text_scorers(model, args.mode, args.gamma_q, args.gamma_d)
+
+
+def device_of(args) -> str:
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,2 @@
+"""The evaluation layer: CLIP retrieval (training validation and zero-shot), zero-shot classification,
+the emoji benchmark, text BEIR/STS and RAG retrieval. It never imports magclip.training."""

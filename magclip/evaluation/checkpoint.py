@@ -1,0 +1,160 @@
+"""What zero-shot evaluation scores: a CLIP model with a frozen Scorer per direction, loaded from a
+magclip checkpoint (its own Scorers, from magclip.json) or from plain open_clip weights (`--mode`).
+
+A checkpoint can be given as a step folder, its model.pt, a run folder or a checkpoints folder
+(both follow `latest`). Weights load through open_clip (torch.load with weights_only): nothing in
+a checkpoint folder runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from magclip.io import DamagedFileError, UnsafeFileError
+from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip
+from magclip.similarity import FIXED_MODES, Scorer, check_mode, evaluation_scorers, frozen
+
+log = logging.getLogger("magclip.evaluation")
+
+
+@dataclass
+class EvalModel:
+    """What is evaluated: a raw-feature open_clip model, its transforms, and a Scorer per direction."""
+
+    clip: RawCLIP
+    preprocess: Callable
+    tokenizer: Callable
+    model_name: str
+    scorers: dict[str, Scorer]  # "i2t" and "t2i"
+    source: dict[str, Any] = field(default_factory=dict)  # checkpoint / pretrained / logit_scale
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint step folder (holding model.pt and magclip.json) for a step folder, its
+    model.pt, a run folder (follows checkpoints/latest) or a checkpoints folder (follows latest)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint not found: {p}")
+    if p.is_file():
+        return p.parent
+    if (p / "model.pt").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            aside = target.with_name(f".{target.name}.old")  # a replacement killed mid-way (io.publish_dir)
+            if not target.exists() and (aside / "model.pt").is_file():
+                log.warning("%s is missing; reading %s, left aside by an interrupted checkpoint write "
+                            "(a resumed run puts it back)", target, aside)
+                return aside
+            if not (target / "model.pt").is_file():
+                raise FileNotFoundError(f"{pointer} points at {target}, which has no model.pt")
+            return target
+    raise FileNotFoundError(
+        f"no checkpoint in {p}: expected a step folder with model.pt, a run folder with "
+        "checkpoints/latest, or a model.pt file")
+
+
+def read_checkpoint_meta(step_dir: Path) -> dict[str, Any]:
+    meta_path = step_dir / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{meta_path} not found: a magclip checkpoint records its model name and scorers there. "
+            "For a plain open_clip checkpoint use --model NAME --pretrained PATH --mode MODE")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exn:
+        raise ValueError(f"{meta_path} is not valid JSON: {exn}") from exn
+    for key in ("model", "scorers"):
+        if key not in meta:
+            raise ValueError(f"{meta_path} has no {key!r} entry (keys: {sorted(meta)})")
+    return meta
+
+
+def scorers_from_meta(scorers: Mapping[str, Mapping[str, Any]], where: str = "checkpoint") -> dict[str, Scorer]:
+    """Frozen Scorers for both directions from a checkpoint's `scorers` record: each direction its
+    recorded mode and exponents (a learnable one at its trained point), an untrained direction the
+    trained one transposed (`similarity.evaluation_scorers`)."""
+    unknown = set(scorers) - {"i2t", "t2i"}
+    if unknown or not scorers:
+        raise ValueError(f"{where}: scorers must hold 'i2t' and/or 't2i', got {sorted(scorers)}")
+    specs = {}
+    for direction, rec in scorers.items():
+        try:
+            specs[direction] = Scorer.build({k: rec[k] for k in ("mode", "gamma_q", "gamma_d") if k in rec})
+        except (ValueError, TypeError) as exn:
+            raise ValueError(f"{where}: bad scorer for {direction}: {exn}") from exn
+    return evaluation_scorers(specs)
+
+
+def scorers_for_mode(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> dict[str, Scorer]:
+    """The same Scorer for both directions (the `--mode` override). 'fixed' and 'learnable' need
+    both exponents (evaluation trains nothing: a learnable scorer is frozen at the given point)."""
+    check_mode(mode)
+    if mode in ("fixed", "learnable") and (gamma_q is None or gamma_d is None):
+        raise ValueError(f"mode {mode!r} needs both gamma_q and gamma_d for evaluation")
+    if mode in FIXED_MODES and (gamma_q is not None or gamma_d is not None):
+        raise ValueError(f"mode {mode!r} fixes the exponents; gamma_q/gamma_d only go with 'fixed' or 'learnable'")
+    scorer = frozen(Scorer(mode, gamma_q, gamma_d))
+    return {"i2t": scorer, "t2i": scorer}
+
+
+def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float | None = None,
+                    gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
+    """A magclip checkpoint (step folder, its model.pt, or a run folder) with its own Scorers;
+    `mode` (with gamma_q/gamma_d for fixed/learnable) overrides both directions."""
+    step_dir = resolve_checkpoint(path)
+    meta = read_checkpoint_meta(step_dir)
+    meta_path = step_dir / CHECKPOINT_META
+    scorers = (scorers_for_mode(mode, gamma_q, gamma_d) if mode is not None
+               else scorers_from_meta(meta["scorers"], where=str(meta_path)))
+    weights = Path(path) if Path(path).is_file() else step_dir / "model.pt"
+    if not weights.is_file():
+        raise FileNotFoundError(f"checkpoint weights not found: {weights}")
+    try:
+        bundle = create_clip(meta["model"], str(weights), device=device)
+    except (UnsafeFileError, DamagedFileError):
+        raise
+    except ValueError as exn:
+        trained = ((meta.get("config") or {}).get("model") or {}).get("name")
+        also = f"; its run config says model {trained!r}" if trained and trained != meta["model"] else ""
+        raise ValueError(f"{exn} (model {meta['model']!r} is named in {meta_path}{also})") from None
+    bundle.model.eval()
+    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
+                     {"checkpoint": str(step_dir), "pretrained": str(weights), "logit_scale": meta.get("logit_scale"),
+                      "scorers_from": "--mode" if mode is not None else str(meta_path)})
+
+
+def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", gamma_q: float | None = None,
+                   gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
+    """A plain open_clip model (name + pretrained tag or local file, or random init with None)."""
+    looks_like_file = pretrained is not None and ("/" in pretrained or pretrained.endswith((".pt", ".bin", ".safetensors")))
+    if looks_like_file and not Path(pretrained).is_file():  # a tag has neither; open_clip would try to download
+        raise FileNotFoundError(f"pretrained weights not found: {pretrained}")
+    scorers = scorers_for_mode(mode, gamma_q, gamma_d)
+    try:
+        bundle = create_clip(model, pretrained, device=device)
+    except (UnsafeFileError, DamagedFileError):
+        raise
+    except ValueError as exn:
+        meta_path = Path(pretrained).parent / CHECKPOINT_META if looks_like_file else None
+        if meta_path is None or not meta_path.is_file():
+            raise
+        try:
+            trained = json.loads(meta_path.read_text()).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            trained = None
+        if not isinstance(trained, str):
+            raise
+        raise ValueError(f"{exn} ({meta_path} says it was trained as model {trained!r}: evaluate it with "
+                         f"--checkpoint {meta_path.parent})") from None
+    bundle.model.eval()
+    return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
+                     {"checkpoint": None, "pretrained": pretrained, "scorers_from": "--mode"})

@@ -1,0 +1,66 @@
+"""CLIP image<->text retrieval with the run's own Scorers: one implementation for a training run's
+validation and for zero-shot evaluation of a checkpoint.
+
+Relevance is caption identity: a retrieved item is a hit when it carries the query's caption, so
+identical captions (frequent in the synthetic scenes, and in emoji with two art styles) count as
+one. With unique captions this is exactly open_clip's `get_clip_metrics` in cosine mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
+from magclip.models.clip import RawCLIP
+from magclip.similarity import Scorer
+
+
+@torch.no_grad()
+def encode_loader(clip: RawCLIP, loader, device: torch.device | str) -> dict[str, Any]:
+    """Raw features of every sample in `loader`, with keys and captions, in loader order."""
+    images, texts, keys, captions = [], [], [], []
+    skipped: dict[str, int] = {}
+    for batch in loader:
+        img, txt = clip(batch["images"].to(device), batch["texts"].to(device))
+        images.append(img.float().cpu())
+        texts.append(txt.float().cpu())
+        keys += list(batch["keys"])
+        captions += list(batch["captions"])
+        for reason, n in batch.get("skipped", {}).items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    if not images:
+        raise ValueError("the evaluation data yielded no sample")
+    return {"image_features": torch.cat(images), "text_features": torch.cat(texts), "keys": keys,
+            "captions": captions, "skipped": skipped}
+
+
+def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
+                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> dict[str, float]:
+    """R@1/5/10, mean and median rank per direction, chance R@1, counts and mean norms."""
+    ids = ids_from_labels(list(captions))
+    metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
+                                image_ids=ids, text_ids=ids, chunk_size=chunk_size)
+    metrics["chance_R@1"] = chance_recall_at_1(ids)
+    metrics["num_samples"] = len(captions)
+    metrics["num_unique_captions"] = int(ids.unique().numel())
+    metrics["image_norm_mean"] = float(image_features.norm(dim=-1).mean())
+    metrics["text_norm_mean"] = float(text_features.norm(dim=-1).mean())
+    return metrics
+
+
+def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device) -> dict[str, float]:
+    """`retrieval_from_features` of every sample of a loader, plus the samples it skipped."""
+    enc = encode_loader(clip, loader, device)
+    metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers)
+    metrics["skipped_total"] = sum(enc["skipped"].values())
+    return metrics
+
+
+def chance_recall_at_1(ids: Tensor) -> float:
+    """Expected R@1 of a random ranking: the mean share of relevant items per query."""
+    _, inverse, counts = ids.unique(return_inverse=True, return_counts=True)
+    return float((counts[inverse].float() / ids.numel()).mean())

@@ -1,0 +1,1 @@
+"""Experiments: grid specs, the runner, reports and the results page."""

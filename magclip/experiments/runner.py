@@ -1,0 +1,117 @@
+"""Running a grid: one command line per cell, resumable, logged (magclip.experiments.grid documents
+the format and the resume rules)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from magclip.experiments.grid import Grid
+from magclip.io import atomic_write_json
+
+# ----------------------------------------------------------------------------- running
+
+
+def grid_commands(grid: Grid, include_finished: bool = False) -> list[str]:
+    """One shell line per cell (its pending steps joined by &&), for a scheduler; run from the repo root."""
+    lines = []
+    for cell in grid.cells():
+        if cell.finished and not include_finished:
+            continue
+        commands = cell.pending_commands() if not cell.finished else \
+            [cell.argv(s, ["overwrite=true"] if s.trainer else []) for s in cell.steps]
+        lines.append(" && ".join(shlex.join(c) for c in commands))
+    return lines
+
+
+def _log_event(grid: Grid, **record: Any) -> None:
+    grid.output_dir.mkdir(parents=True, exist_ok=True)
+    path = grid.output_dir / "ran.jsonl"
+    record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **record}
+    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")  # killed mid-line
+    with open(path, "a") as f:
+        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
+        f.flush()
+
+
+def ran_log(output_dir: str | Path) -> list[dict[str, Any]]:
+    """The launches recorded in <output_dir>/ran.jsonl (events `start` and `end`); a torn line is skipped."""
+    path = Path(output_dir) / "ran.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def _run_command(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
+    if argv and argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {shlex.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env})
+        try:
+            return proc.wait()
+        except BaseException:              # Ctrl-C / SIGTERM of the runner: don't leave the cell running
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], None] = print) -> dict[str, list[str]]:
+    """Run the unfinished cells one after another (at most `max_cells`); returns ran/failed/skipped names."""
+    grid.output_dir.mkdir(parents=True, exist_ok=True)
+    cells = grid.cells()
+    todo = [c for c in cells if not c.finished]
+    skipped = [c.name for c in cells if c.finished]
+    for c in cells:
+        if c.finished and c.stale:
+            echo(f"warning: finished cell {c.name} was run with another spec ({c.spec_path}); "
+                 "it is kept -- delete its run directory to re-run it")
+    if max_cells is not None:
+        todo = todo[:max_cells]
+    echo(f"grid {grid.name}: {len(cells)} cells, {len(skipped)} finished, running {len(todo)}")
+    ran, failed = [], []
+    for i, cell in enumerate(todo, 1):
+        t0 = time.perf_counter()
+        rc = 0
+        for step in cell.steps:
+            if cell.step_done(step):
+                continue
+            argv = cell.argv(step, cell.restart_args(step))
+            atomic_write_json(cell.spec_path, cell.spec())
+            echo(f"[{i}/{len(todo)}] {cell.name}: {shlex.join(argv)}")
+            _log_event(grid, event="start", cell=cell.name, command=argv)
+            rc = _run_command(argv, cell.log_path, grid.env)
+            _log_event(grid, event="end", cell=cell.name, rc=rc, wall_s=round(time.perf_counter() - t0, 2))
+            if rc == 0 and not cell.step_done(step):
+                echo(f"  step exited 0 but did not write {cell.path(step.creates)}")
+                rc = -1
+            if rc != 0:
+                break
+        wall = time.perf_counter() - t0
+        if rc == 0:
+            ran.append(cell.name)
+            echo(f"[{i}/{len(todo)}] {cell.name}: done in {wall:.1f} s")
+        else:
+            failed.append(cell.name)
+            echo(f"[{i}/{len(todo)}] {cell.name}: FAILED (exit {rc}) after {wall:.1f} s; log: {cell.log_path}")
+    return {"ran": ran, "failed": failed, "skipped": skipped}

@@ -1,0 +1,186 @@
+"""Text retrieval training: bi-encoder fine-tuning through the shared engine.
+
+`train_text(cfg)` is the whole job: read pairs (JSONL/shards, or a BEIR folder's train qrels
+converted on the fly), build the bi-encoder + RetrievalLoss + logit scale, train with the engine,
+evaluate on the configured BEIR folders / STS files / QA sets with the run's own Scorer
+(`magclip.evaluation.text`), and write `results.json`. Each checkpoint holds `model/`, a folder that
+`BiEncoder.from_pretrained` and `sentence_transformers.SentenceTransformer` both load
+(magclip_text.json inside records the mode and exponents).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from magclip.config import (
+    ConfigError,
+    TextDataConfig,
+    TextLossConfig,
+    TextModelConfig,
+    TextRunConfig,
+    to_dict,
+)
+from magclip.data.beir import beir_to_pairs
+from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
+from magclip.evaluation.text import TextEvalSets, evaluate_text_sets
+from magclip.losses import RetrievalLoss
+from magclip.models.text import BiEncoder
+from magclip.similarity import make_scorer
+from magclip.temperature import LogitScale, match_cosine_temperature
+from magclip.training.engine import Engine, TrainModule, make_accelerator
+from magclip.training.run import (
+    latest_checkpoint,
+    loop_record,
+    prepare_run_dir,
+    write_results,
+    write_run_config,
+)
+
+log = logging.getLogger("magclip.text")
+
+
+# ---------------------------------------------------------------------------- model + loss
+def build_logit_scale(cfg: TextLossConfig) -> LogitScale:
+    """The mode's defaults (magclip.temperature; cosine starts at `cosine_scale`), each overridable."""
+    return LogitScale.for_mode(cfg.mode, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max,
+                               cosine_scale=cfg.cosine_scale)
+
+
+def load_encoder(cfg: TextModelConfig) -> BiEncoder:
+    enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
+                                    passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
+                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared)
+    if cfg.grad_checkpointing:
+        for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
+            tower.gradient_checkpointing_enable()
+    return enc
+
+
+class TextTrainModule(TrainModule):
+    """Bi-encoder + logit scale + RetrievalLoss; forward encodes a batch, `compute_loss` scores it."""
+
+    feature_names = ("query", "passage")
+
+    def __init__(self, encoder: BiEncoder, loss: RetrievalLoss, logit_scale: LogitScale):
+        super().__init__(loss, logit_scale)
+        self.encoder = encoder
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(split_batch(batch, "query"), split_batch(batch, "passage"))
+
+    def log_state(self) -> dict[str, float]:
+        s = self.loss.scorer
+        return {**super().log_state(), "gamma_q": s.gamma_q, "gamma_d": s.gamma_d}
+
+
+
+
+
+# ---------------------------------------------------------------------------- training
+def load_records(cfg: TextDataConfig):
+    if cfg.train is not None:
+        return read_pairs(cfg.train, cfg.max_records)
+    rows = beir_to_pairs(cfg.beir, cfg.beir_split, random_negatives=cfg.random_negatives)
+    if cfg.max_records is not None:
+        rows = rows[:cfg.max_records]
+    return records_from_dicts(rows)
+
+
+def training_passage_tokens(cfg: TextDataConfig, encoder: BiEncoder) -> int | tuple[int, int] | None:
+    """The documents' training truncation: None (the model's max length), a fixed length, or a (min, max) range."""
+    limit = encoder.max_positions("passage")
+    top = cfg.passage_max_tokens or encoder.settings.passage_max_length
+    if top > limit:
+        raise ConfigError(f"data.passage_max_tokens={top} exceeds the model's {limit} positions")
+    if cfg.passage_min_tokens is None:
+        return cfg.passage_max_tokens
+    if not 1 <= cfg.passage_min_tokens <= top:
+        raise ConfigError(f"data.passage_min_tokens={cfg.passage_min_tokens} must be in [1, {top}]")
+    return (cfg.passage_min_tokens, top)
+
+
+def train_text(cfg: TextRunConfig) -> dict[str, Any]:
+    """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
+
+    t0 = time.perf_counter()
+    accelerator = make_accelerator(cfg.train, cfg.run_dir)
+    torch.manual_seed(cfg.train.seed)
+    records, read_skips = load_records(cfg.data)
+    encoder = load_encoder(cfg.model)
+    passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
+    run_dir = prepare_run_dir(cfg, accelerator)
+    scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
+    loss = RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
+                         cfg.loss.d2q_weight, local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
+    module = TextTrainModule(encoder, loss, build_logit_scale(cfg.loss)).to(accelerator.device)
+
+    def make_loader(epoch: int) -> PairBatches:
+        return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
+                           seed=cfg.train.seed, rank=accelerator.process_index, world_size=accelerator.num_processes,
+                           skipped=read_skips, passage_tokens=passage_tokens)
+
+    first = make_loader(0)
+    steps_per_epoch = first.num_batches // cfg.train.accum_freq
+    if any(first.negative_shortfall.values()) and cfg.data.group_size > 1:
+        log.warning("records short of %d hard negatives: %s (sampled with replacement / random positives)",
+                    cfg.data.group_size - 1, first.negative_shortfall)
+    if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
+        with torch.no_grad():
+            q, d = module(next(iter(first)))
+            match_cosine_temperature(module.logit_scale, module.loss.scorer, q, d, cfg.loss.cosine_scale)
+
+    eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
+
+    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
+        return evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
+
+    def save_model(m: TextTrainModule, path: Path) -> None:
+        m.encoder.save_pretrained(path.parent / "model", scorer=m.loss.scorer.to_dict(),
+                                  logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
+
+    write_run_config(cfg, run_dir, accelerator)
+    zero_shot: dict[str, float] = {}
+    if cfg.eval.at_start and accelerator.is_main_process and cfg.train.resume is None:
+        module.eval()
+        with torch.no_grad():
+            zero_shot = evaluate(module, 0)
+    accelerator.wait_for_everyone()
+    engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
+                    evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None)  # alike on every rank
+    try:
+        state = engine.fit()
+        metrics = engine.run_evaluation()
+        skipped = engine.reduce_counts(state.skipped_samples)
+    finally:
+        engine.close()
+    final = engine.unwrapped
+    ckpt = latest_checkpoint(engine)
+    results = {
+        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
+        "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
+        "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
+        "train_passage_tokens": list(passage_tokens) if isinstance(passage_tokens, tuple)
+        else passage_tokens or encoder.settings.passage_max_length,
+        "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
+        "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped, t0),
+        "zero_shot": zero_shot, "metrics": metrics,
+    }
+    return write_results(results, run_dir, accelerator)
+
+
+def format_train_table(results: dict[str, Any]) -> str:
+    rows = ["| metric | zero-shot | fine-tuned |", "|---|---|---|"]
+    zs, ft = results.get("zero_shot") or {}, results.get("metrics") or {}
+    keys = [k for k in ft if k.split("/")[-1] in ("ndcg@10", "mrr@10", "recall@100", "map@100", "spearman")]
+    for k in keys:
+        z = f"{100 * zs[k]:.2f}" if k in zs else "-"
+        rows.append(f"| {k} | {z} | {100 * ft[k]:.2f} |")
+    return "\n".join(rows)
+
+
+__all__ = ["TextTrainModule", "format_train_table", "train_text"]
