@@ -55,7 +55,7 @@ def child_beir(a) -> dict:
     from magclip.metrics.ir import evaluate_run, search_run
     from magclip.models.text import BiEncoder, resolve_model_path
     from magclip.similarity import Scorer
-    from magclip.training.text import evaluate_beir_data
+    from magclip.evaluation.text import evaluate_beir_data
 
     data = load_beir(a.data, "test")
     if a.max_queries or a.max_docs:

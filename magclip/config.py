@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny-resnet"          # open_clip name, configs/models/<name>.json, or a JSON path
+    name: str = "tiny-resnet"          # open_clip name, magclip/models/configs/<name>.json, or a JSON path
     pretrained: str | None = None     # local checkpoint path or open_clip pretrained tag
     lock_text: bool = False           # LiT-style: freeze the text tower
     lock_image: bool = False

@@ -1,4 +1,5 @@
-"""Small builders shared by the tests: PNG bytes, tar shards written member by member, free ports."""
+"""Small builders shared by the tests: PNG bytes, tar shards written member by member, free ports, a
+tiny BERT folder, a torch file that carries code."""
 
 import io
 import random
@@ -8,6 +9,8 @@ import zlib
 from pathlib import Path
 
 from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def png(seed: int, size: int = 8) -> bytes:
@@ -60,3 +63,27 @@ def crafted_torch_file(path: Path, marker: Path, content: dict | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({**(content or {}), "payload": _RunsCode(marker)}, path)
     return path
+
+
+WORDS = ("the a of and to in is was for on with as by at from cat dog sat mat query passage protein cell "
+         "cancer brain white matter gene study results human model data red blue green small large").split()
+
+def make_tiny_bert(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer random BERT with a small WordPiece vocabulary, saved as a HF folder."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ":"] + WORDS + list("abcdefghijklmnopqrstuvwxyz") \
+        + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    vocab_file = str(folder / "vocab.txt")
+    # transformers 5 reads `vocab`, transformers 4 `vocab_file`
+    tok = BertTokenizerFast(vocab=vocab_file, vocab_file=vocab_file, do_lower_case=True, model_max_length=64)
+    assert tok.convert_ids_to_tokens(tok("cat")["input_ids"]) == ["[CLS]", "cat", "[SEP]"]
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=48, max_position_embeddings=64)
+    BertModel(cfg).eval().save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder

@@ -44,3 +44,30 @@ def test_both_directions_null_is_rejected():
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="config file not found: .*nope.yaml"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_the_builtin_defaults_are_the_main_job_recipe():
+    """No config file is needed for the main job (a wheel install has none): configs/clip/default.yaml
+    spells out exactly the built-in defaults."""
+    assert load_config(CONFIGS / "default.yaml") == load_config(None)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loss.gamma_q=0.5"], "loss.gamma_q is set but no trained mode has free exponents"),
+    (["loss.i2t=fixed", "loss.gamma_q=0.5"], "mode 'fixed' needs both gamma_q and gamma_d"),
+    (["loss.i2t=learnable", "loss.gamma_d=1.5"], "gamma_d must lie in"),
+])
+def test_exponents_are_checked_with_the_modes_they_configure(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+    # one pair of exponents for the free-exponent direction only: the cosine direction keeps its corner
+    assert load_config(None, ["loss.i2t=learnable", "loss.gamma_q=0.25"]).loss.gamma_q == 0.25
+
+
+def test_text_schema_shares_the_training_checks():
+    from magclip.config import load_text_config
+
+    with pytest.raises(ConfigError, match="train.batch_size must be >= 1"):
+        load_text_config(None, ["data.beir=x", "train.batch_size=0"])
+    with pytest.raises(ConfigError, match="loss.mode='cosin' is not a scoring mode"):
+        load_text_config(None, ["data.beir=x", "loss.mode=cosin"])

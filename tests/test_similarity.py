@@ -120,3 +120,19 @@ def test_label_names_the_mode_and_free_exponents():
     assert Scorer("qnorm").label == "qnorm"
     assert Scorer("fixed", 0.25, 0.75).label == "fixed(0.25,0.75)"
     assert Scorer("learnable", 1.0, 1.0).label == "learnable(1,1)"
+
+
+def test_one_factory_and_frozen_copies_keep_mode_exponents_and_label():
+    from magclip.similarity import evaluation_scorers, frozen, make_scorer
+
+    assert make_scorer("qnorm", 0.3, 0.3).mode == "qnorm"  # a corner keeps its exponents
+    trained = make_scorer("learnable", 0.5, 0.5)
+    with torch.no_grad():
+        trained.gamma_q_param.fill_(0.25)
+    copy = frozen(trained)
+    assert (copy.mode, copy.gamma_q, copy.gamma_d, copy.label) == ("learnable", 0.25, 0.5, trained.label)
+    assert not any(p.requires_grad for p in copy.parameters())
+    both = evaluation_scorers({"t2i": trained})  # the untrained direction: the trained score, transposed
+    q, d = torch.randn(3, 4), torch.randn(5, 4)
+    torch.testing.assert_close(both["i2t"](d, q), trained(q, d).T.detach())
+    assert frozen(trained.to_dict()).label == copy.label  # from a checkpoint record: the same label

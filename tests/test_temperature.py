@@ -45,3 +45,20 @@ def test_norm_matched_scale_equalises_the_mean_logit_magnitude(mode):
     prepared = scorer.prepare_queries(q).norm(dim=-1).mean() * scorer.prepare_docs(d).norm(dim=-1).mean()
     assert scale * float(prepared) == pytest.approx(1 / 0.07, rel=1e-5)
     assert scale_matching_cosine(Scorer("cosine"), q, d) == pytest.approx(1 / 0.07, rel=1e-5)
+
+
+def test_every_default_comes_from_one_rule():
+    from magclip.temperature import TEXT_COSINE_SCALE, default_logit_scale
+
+    assert default_logit_scale(["cosine", "cosine"]).init == pytest.approx(1 / 0.07)
+    assert default_logit_scale(["cosine", "qnorm"]).init == 1.0  # any raw side: the magnitude is a temperature
+    assert default_logit_scale("cosine", TEXT_COSINE_SCALE).init == 20.0
+    assert default_logit_scale("dot", TEXT_COSINE_SCALE).init == 1.0
+
+
+def test_match_cosine_temperature_stays_within_the_cap():
+    from magclip.temperature import match_cosine_temperature
+
+    tiny = torch.full((4, 8), 1e-3)
+    scale = LogitScale.for_mode("dot")
+    assert match_cosine_temperature(scale, Scorer("dot"), tiny, tiny) == scale.max_scale == pytest.approx(scale.value)

@@ -85,12 +85,6 @@ def render(template: str, root: str | Path = ".") -> str:
     return PLACEHOLDER.sub(replace, template)
 
 
-def render_file(template: str | Path, out: str | Path, root: str | Path = ".") -> str:
-    text = render(Path(template).read_text(), root)
-    Path(out).write_text(text)
-    return text
-
-
 def _grid_stats(data: dict[str, Any], name: str, row: str, column: str) -> dict[str, float]:
     wanted = dict(part.split("=", 1) for part in row.split(",") if "=" in part)
     for r in data.get("rows", []):
@@ -125,4 +119,4 @@ def _format(value: float, std: float | None, options: list[str]) -> str:
     return text
 
 
-__all__ = ["RenderError", "render", "render_file"]
+__all__ = ["RenderError", "render"]

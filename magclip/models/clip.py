@@ -2,7 +2,7 @@
 
 Why: magclip studies embedding magnitude, so normalization belongs to the Scorer
 (`magclip.similarity`), not to the model. `create_clip` builds any open_clip model
-(built-in name, a JSON config under `configs/models/`, or a path to a JSON config) with
+(built-in name, a JSON config in `magclip/models/configs/`, or a path to a JSON config) with
 open_clip's own factory and wraps it in `RawCLIP`, whose `forward` returns raw image and
 text features. The open_clip model code is used unmodified.
 
@@ -150,7 +150,7 @@ def _register_file(path: Path) -> str:
 
 
 def register_model_configs(path: str | Path | None = None) -> None:
-    """Register `configs/models/*.json` (or a given JSON file or folder) with open_clip.
+    """Register `magclip/models/configs/*.json` (or a given JSON file or folder) with open_clip.
 
     Configs whose ``pkg:`` placeholder cannot be resolved (package missing) are skipped
     with a warning when registering a folder, and raise when registering a single file.
@@ -205,7 +205,7 @@ def create_clip(
 ) -> ClipBundle:
     """Build an open_clip model + transforms + tokenizer, wrapped to return raw features.
 
-    `model`: open_clip name ("ViT-B-32"), a config name under `configs/models/`
+    `model`: open_clip name ("ViT-B-32"), a config name in `magclip/models/configs/`
     ("tiny-vit"), or a path to a JSON config. `pretrained`: None (random init; HF text
     towers still load their own pretrained weights, as in open_clip), a local checkpoint
     path, or an open_clip pretrained tag (downloads). `lock_text`/`lock_image` freeze a

@@ -439,8 +439,3 @@ def _versions() -> dict[str, str]:
 
     import magclip
     return {"magclip": magclip.__version__, "transformers": transformers.__version__, "pytorch": torch.__version__}
-
-
-def load_text_model(name_or_path: str | Path, **kwargs) -> BiEncoder:
-    """Shorthand for `BiEncoder.from_pretrained`."""
-    return BiEncoder.from_pretrained(name_or_path, **kwargs)

@@ -37,7 +37,7 @@ from magclip.evaluation.zeroshot import (
 
 from builders import png
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EMOJI = ROOT.parent / "shared" / "data" / "emoji"
 spec = importlib.util.spec_from_file_location("eval_zeroshot", ROOT / "eval" / "zeroshot.py")
 eval_zeroshot = importlib.util.module_from_spec(spec)

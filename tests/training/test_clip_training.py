@@ -29,7 +29,7 @@ from magclip.config import load_config
 from magclip.models.clip import register_model_configs
 from builders import free_port, good, png, write_tar
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "train" / "clip.py"
 TRAIN_SIZE, BATCH = 256, 32
 STEPS_PER_EPOCH = TRAIN_SIZE // BATCH  # 8

@@ -1,4 +1,4 @@
-"""Run by tests/test_engine.py under `torchrun --nproc_per_node 2`: each rank trains on its half."""
+"""Run by tests/training/test_engine.py under `torchrun --nproc_per_node 2`: each rank trains on its half."""
 
 import faulthandler
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # + builders
 from test_engine import GLOBAL_BATCH, collate, fixed_batches, run_engine  # noqa: E402
 
 

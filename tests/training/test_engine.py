@@ -14,7 +14,7 @@ from magclip.training.engine import Engine, make_accelerator
 from magclip.models.clip import create_clip
 from builders import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 16
 
 

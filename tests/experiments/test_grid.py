@@ -27,7 +27,7 @@ from magclip.experiments.report import lookup, summarize, write_report
 from magclip.experiments.runner import grid_commands, ran_log, run_grid
 from magclip.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "eval" / "compare.py"
 
 

@@ -22,7 +22,7 @@ from magclip.metrics.rag import (
     normalize_for_match,
     rag_metrics,
 )
-from test_text_model import make_tiny_bert  # tests/text is on sys.path under pytest's default import mode
+from builders import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("MAGCLIP_SHARED_DATA", ROOT.parent / "shared" / "data"))

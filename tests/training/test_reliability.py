@@ -45,7 +45,7 @@ from magclip.models.clip import CHECKPOINT_META, CONFIG_DIR, create_clip, regist
 from magclip.evaluation.checkpoint import load_checkpoint, resolve_checkpoint
 from builders import crafted_torch_file, free_port, good, png, write_tar
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "train" / "clip.py"
 STEPS = 4  # clean data: 2 shards x 32 samples, batch 16
 

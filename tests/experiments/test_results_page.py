@@ -8,7 +8,7 @@ import pytest
 
 from magclip.experiments.results_page import RenderError, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path) -> None:

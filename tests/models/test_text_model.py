@@ -8,32 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from builders import WORDS, make_tiny_bert
+
 from magclip.models.text import META_FILE, BiEncoder, last_token_pool, mean_pool, pool, resolve_model_path
 
-WORDS = ("the a of and to in is was for on with as by at from cat dog sat mat query passage protein cell "
-         "cancer brain white matter gene study results human model data red blue green small large").split()
 TEXTS = ["the cat sat on the mat", "a dog", "protein cell study results in human brain white matter",
          "red", "gene data model for cancer and cell study with large small blue green results"]
-
-
-def make_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer random BERT with a small WordPiece vocabulary, saved as a HF folder."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ":"] + WORDS + list("abcdefghijklmnopqrstuvwxyz") \
-        + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    vocab_file = str(folder / "vocab.txt")
-    # transformers 5 reads `vocab`, transformers 4 `vocab_file`
-    tok = BertTokenizerFast(vocab=vocab_file, vocab_file=vocab_file, do_lower_case=True, model_max_length=64)
-    assert tok.convert_ids_to_tokens(tok("cat")["input_ids"]) == ["[CLS]", "cat", "[SEP]"]
-    torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=48, max_position_embeddings=64)
-    BertModel(cfg).eval().save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from magclip.config import ConfigError
 from magclip.data.pairs import PairBatches, read_pairs, split_batch, write_pairs_shards
 from magclip.config import load_text_config
 from magclip.training.text import train_text
-from test_text_model import WORDS, make_tiny_bert  # tests/text is on sys.path under pytest's default import mode
+from builders import WORDS, make_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from magclip.diagnostics import fisher as fim
 from magclip.diagnostics import magnitude as mag
 from magclip.similarity import Scorer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ============================================================================ Cohen's d
