@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.cli.zeroshot import main  # noqa: E402
+from magclip.cli.zeroshot import console, main  # noqa: E402,F401  (main: for callers)
 
 if __name__ == "__main__":
-    main()
+    console()

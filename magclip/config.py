@@ -8,6 +8,7 @@ bad value raises a ConfigError that names it and lists what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -204,7 +205,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exn:
+            raise ConfigError(f"{path}: not valid YAML{_yaml_where(exn)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
     for item in overrides or []:
@@ -229,7 +233,21 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {part!r} is not a section")
-    node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    if not value.strip():  # e.g. data.train=$UNSET: never fall back to a default silently
+        raise ConfigError(f"override {key.strip()!r} has an empty value (an unset shell variable?); "
+                          f"write {key.strip()}=null to unset it")
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError as exn:
+        raise ConfigError(f"override {key.strip()!r}: value {value!r} is not valid YAML{_yaml_where(exn)}") from None
+
+
+def _yaml_where(exn: yaml.YAMLError) -> str:
+    """' at line L, column C: problem' from a YAML error (lines and columns from 1)."""
+    mark = getattr(exn, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exn, "problem", None) or str(exn).splitlines()[0]
+    return f"{where}: {problem}"
 
 
 def from_dict(schema: type, raw: dict[str, Any], where: str = "") -> Any:
@@ -266,16 +284,24 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
         if option is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            return _finite(float(value), key)
         if option is str and isinstance(value, str):
             return value
         if option is float and isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+            else:
+                return _finite(number, key)
     names = " or ".join("null" if o is type(None) else o.__name__ for o in options)
     raise ConfigError(f"config key {key!r} must be {names}, got {value!r}")
+
+
+def _finite(value: float, key: str) -> float:
+    if not math.isfinite(value):
+        raise ConfigError(f"config key {key!r} must be a finite number, got {value}")
+    return value
 
 
 def validate(cfg: Any) -> None:
@@ -324,8 +350,17 @@ def _check_train(train: TrainConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
-    if train.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0, got {train.lr}")
+    ranges = {"train.lr": (train.lr, 0, None), "train.loss_lr": (train.loss_lr, 0, None),
+              "train.eps": (train.eps, 0, None), "train.grad_clip": (train.grad_clip, 0, None),
+              "train.beta1": (train.beta1, None, 1), "train.beta2": (train.beta2, None, 1)}
+    for key, (value, above, below) in ranges.items():
+        if value is not None and ((above is not None and value <= above) or (below is not None and value >= below)):
+            bound = f"> {above}" if below is None else f"in [0, {below})"
+            raise ConfigError(f"{key} must be {bound}, got {value}")
+    for key, value in {"train.weight_decay": train.weight_decay, "train.beta1": train.beta1,
+                       "train.beta2": train.beta2, "train.warmup_steps": train.warmup_steps}.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
     if train.resume not in (None, "latest") and not Path(train.resume).exists():
         raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest' or a path)")
 

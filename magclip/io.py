@@ -15,11 +15,20 @@ from typing import Any
 import torch
 
 
+def umask_mode(kind: str = "file") -> int:
+    """The mode a plain `open` (file) or `mkdir` (dir) would give under the process's umask; temp files
+    and folders are created 0600/0700, and what we publish should look like any other file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if kind == "dir" else 0o666) & ~mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -47,6 +56,7 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, umask_mode())
     os.close(fd)
     try:
         torch.save(obj, tmp)

@@ -1,5 +1,6 @@
 """Config: YAML + dotted overrides; unknown keys and bad values are named before any work starts."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,24 @@ def test_text_schema_shares_the_training_checks():
         load_text_config(None, ["data.beir=x", "train.batch_size=0"])
     with pytest.raises(ConfigError, match="loss.mode='cosin' is not a scoring mode"):
         load_text_config(None, ["data.beir=x", "loss.mode=cosin"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=.nan", "config key 'train.lr' must be a finite number, got nan"),
+    ("train.lr=.inf", "must be a finite number, got inf"),
+    ("train.weight_decay=-0.1", "train.weight_decay must be >= 0"),
+    ("train.beta2=1.0", "train.beta2 must be in [0, 1)"),
+    ("train.eps=0", "train.eps must be > 0"),
+    ("train.lr=[1,", "override 'train.lr': value '[1,' is not valid YAML at line 1, column 4"),
+    ("data.train=", "override 'data.train' has an empty value (an unset shell variable?); write data.train=null"),
+])
+def test_bad_numbers_yaml_and_empty_values_are_named_at_validation(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(CONFIGS / "emoji.yaml", [override])
+
+
+def test_a_broken_yaml_file_is_named_with_its_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntrain: {epochs: 2, lr: ]\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{bad}: not valid YAML at line 2, column")):
+        load_config(bad)

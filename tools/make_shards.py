@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.cli.make_shards import main  # noqa: E402
+from magclip.cli.make_shards import console, main  # noqa: E402,F401  (main: for callers)
 
 if __name__ == "__main__":
-    main()
+    console()

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.cli.train_clip import main  # noqa: E402
+from magclip.cli.train_clip import console, main  # noqa: E402,F401  (main: for callers)
 
 if __name__ == "__main__":
-    main()
+    console()

@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.cli.train_text import main  # noqa: E402
+from magclip.cli import as_command  # noqa: E402
+from magclip.cli.train_text import console, main  # noqa: E402,F401  (main: for callers)
 
 if __name__ == "__main__":
-    main(default_config=ROOT / "configs" / "text" / "cosine.yaml")
+    as_command(lambda: main(default_config=ROOT / "configs" / "text" / "cosine.yaml"))()

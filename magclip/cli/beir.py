@@ -24,6 +24,7 @@ import argparse
 import logging
 from dataclasses import asdict
 
+from magclip.cli import as_command
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
 from magclip.diagnostics.length import format_length_table
 from magclip.evaluation.text import evaluate_beir_folders, format_beir_table
@@ -58,5 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"results: {args.out}")
 
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
+
 if __name__ == "__main__":
-    main()
+    console()

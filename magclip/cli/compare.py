@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 
+from magclip.cli import as_command
 from magclip.experiments.grid import GridError, load_grid, validate_cells
 from magclip.experiments.report import unresolved_columns, write_report
 from magclip.experiments.runner import grid_commands, run_grid
@@ -85,5 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _main_exit() -> None:
+    status = main()
+    if status:
+        raise SystemExit(status)
+
+
+console = as_command(_main_exit)
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from magclip.cli import as_command
 from magclip.diagnostics import fisher as fim
 from magclip.diagnostics.report import format_summary, run_diagnostics
 from magclip.similarity import MODES
@@ -105,10 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return res
 
 
-def console() -> None:
-    """The installed command: main() returns the results for callers; the exit status stays 0."""
-    main()
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
 
 if __name__ == "__main__":
-    main()
+    console()

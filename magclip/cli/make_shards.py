@@ -12,6 +12,7 @@ it skipped, by reason.
 import argparse
 import logging
 
+from magclip.cli import as_command
 from magclip.data.convert import convert_to_shards
 
 
@@ -33,5 +34,7 @@ def main(argv: list[str] | None = None) -> None:
                       verify=not args.no_verify)
 
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
+
 if __name__ == "__main__":
-    main()
+    console()

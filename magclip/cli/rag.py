@@ -37,6 +37,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from magclip.cli import as_command
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
 from magclip.data.beir import doc_text
 from magclip.data.qa import load_distractors, load_qa
@@ -124,10 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def console() -> None:
-    """The installed command: main() returns the results for callers; the exit status stays 0."""
-    main()
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
 
 if __name__ == "__main__":
-    main()
+    console()

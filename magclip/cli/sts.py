@@ -18,6 +18,7 @@ import argparse
 import logging
 from dataclasses import asdict
 
+from magclip.cli import as_command
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
 from magclip.evaluation.text import evaluate_sts_files, format_sts_table
 from magclip.io import atomic_write_json
@@ -40,5 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"results: {args.out}")
 
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
+
 if __name__ == "__main__":
-    main()
+    console()

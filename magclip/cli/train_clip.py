@@ -20,6 +20,7 @@ bad values are errors that name the key.
 import argparse
 import logging
 
+from magclip.cli import as_command
 from magclip.config import load_config
 from magclip.distributed import rank
 from magclip.training.clip import format_results_table, train_clip
@@ -38,5 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"run directory: {results['run_dir']}")
 
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
+
 if __name__ == "__main__":
-    main()
+    console()

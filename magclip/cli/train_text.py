@@ -31,6 +31,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from magclip.cli import as_command
 from magclip.config import load_text_config
 from magclip.distributed import rank
 from magclip.training.text import format_train_table, train_text
@@ -85,5 +86,7 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
         print(f"run directory: {results['run_dir']}")
 
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
+
 if __name__ == "__main__":
-    main()
+    console()

@@ -41,6 +41,7 @@ import re
 
 import torch
 
+from magclip.cli import as_command
 from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
 from magclip.evaluation.emoji import emoji_benchmark
 from magclip.evaluation.zeroshot import (
@@ -145,10 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def console() -> None:
-    """The installed command: main() returns the results for callers; the exit status stays 0."""
-    main()
 
+console = as_command(main)  # the installed command and the launcher: expected errors in one line
 
 if __name__ == "__main__":
-    main()
+    console()

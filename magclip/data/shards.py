@@ -218,7 +218,8 @@ class _Skips:
         return True
 
     def bad_member(self, exn: Exception) -> bool:
-        self.skip("bad_member", None, None, exn)
+        url = next((a for a in reversed(exn.args[1:]) if isinstance(a, str)), None)
+        self.skip("bad_member", url, None, exn.args[0] if exn.args else exn)
         return True
 
 
@@ -233,7 +234,8 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
         status = "reading"
         try:
             for name, read in tar_members(stream):
-                yield {"fname": name, "data": read(), "__url__": url}
+                # "url" too: webdataset's group_by_keys appends it to a grouping error's args
+                yield {"fname": name, "data": read(), "__url__": url, "url": url}
             status = "done"
         except Exception as exn:
             status = "failed"

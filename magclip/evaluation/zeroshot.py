@@ -69,7 +69,7 @@ from magclip.data.shards import (
 )
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import retrieval_from_features
-from magclip.io import publish_dir
+from magclip.io import publish_dir, umask_mode
 from magclip.similarity import FIXED_MODES, Scorer
 
 log = logging.getLogger("magclip.evaluation.zeroshot")
@@ -479,6 +479,7 @@ def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: Cla
                      class_feats: Tensor | None, templates: Sequence[Any]) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))
+    tmp.chmod(umask_mode("dir"))
     try:
         for name, enc in encoded.items():
             folder = tmp if len(encoded) == 1 else tmp / name

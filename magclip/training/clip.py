@@ -79,6 +79,8 @@ def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
     if cfg.data.train is not None:
         return cfg.data.train, cfg.data.val
     s = cfg.data.synthetic
+    log.info("no data.train given: training on the embedded synthetic scenes (%d train / %d val)",
+             s.num_train, s.num_val)
     synth = ensure_synthetic(s.root, num_train=s.num_train, num_val=s.num_val, image_size=s.image_size)
     return synth.train_urls, synth.val_urls
 

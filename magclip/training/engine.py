@@ -28,6 +28,7 @@ import logging
 import math
 import random
 import shutil
+import threading
 import time
 from collections import Counter, deque
 from contextlib import nullcontext
@@ -48,7 +49,8 @@ log = logging.getLogger("magclip.training.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
-RECENT_LOSS_STEPS = 20  # results.json's train_loss_recent: mean loss over the last this many steps
+RECENT_LOSS_STEPS = 20
+TB_CLOSE_TIMEOUT_S = 5.0  # an interrupt must not wait on tensorboard's flush thread (it could hang for minutes)  # results.json's train_loss_recent: mean loss over the last this many steps
 
 
 class TrainModule(nn.Module):
@@ -390,7 +392,7 @@ class Engine:
         if self._metrics_file is not None:
             self._metrics_file.close()
         if self._tb is not None:
-            self._tb.close()
+            close_within(self._tb.close, TB_CLOSE_TIMEOUT_S, "tensorboard writer")
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -476,6 +478,16 @@ class Engine:
         _set_rng_state(state["rng"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batches_in_epoch)
+
+
+def close_within(close: Callable[[], None], seconds: float, what: str) -> None:
+    """Run `close` in a daemon thread and wait at most `seconds`; log if it did not finish (its
+    buffered events may be lost, the run's own files are not)."""
+    worker = threading.Thread(target=close, name=f"close {what}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        log.warning("%s did not close within %.0f s; not waiting for it", what, seconds)
 
 
 def _get_rng_state() -> dict[str, Any]:

@@ -276,6 +276,8 @@ def test_bad_data_is_skipped_and_counted(bad_shards: str, workers: int,
     if workers == 0:  # caplog sees only this process
         assert "skipped bad_caption_encoding" in caplog.text and "k05" in caplog.text
         assert "bad-004.tar" in caplog.text
+        duplicate = next(r.getMessage() for r in caplog.records if "skipped bad_member" in r.getMessage())
+        assert "bad-000.tar" in duplicate and "shard None" not in duplicate and "k10.txt" in duplicate
 
 
 def test_bad_data_fixed_epoch_still_exact(bad_shards: str) -> None:

@@ -93,3 +93,25 @@ def test_loss_parameters_can_have_their_own_learning_rate():
     assert own and {id(p) for p in groups[-1]["params"]} == own and groups[-1]["lr"] == 0.05
     assert not own & {id(p) for g in groups[:-1] for p in g["params"]}
     assert len(param_groups(module, weight_decay=0.1)) == 2
+
+
+def test_close_does_not_wait_on_a_hung_tensorboard_writer(monkeypatch):
+    """A SIGINT while metrics are written once hung the trainer in SummaryWriter.close for 121 s."""
+    import threading
+    import time
+
+    from magclip.training import engine as engine_module
+
+    released = threading.Event()
+
+    class HungWriter:
+        def close(self):
+            released.wait(60)
+
+    monkeypatch.setattr(engine_module, "TB_CLOSE_TIMEOUT_S", 0.5)
+    eng = engine_module.Engine.__new__(engine_module.Engine)
+    eng._metrics_file, eng._tb = None, HungWriter()
+    t0 = time.perf_counter()
+    eng.close()
+    assert time.perf_counter() - t0 < 5
+    released.set()

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -646,3 +647,52 @@ def test_truncated_checkpoint_file_is_named_as_damaged(tmp_path, clean_shards, u
             load_checkpoint(step)
         else:
             train_clip(load_config(None, overrides(tmp_path, "resumed", clean_shards, f"train.resume={step}")))
+
+
+# ----------------------------------------------------------------------------- files get the user's umask
+
+
+def test_published_files_get_the_mode_the_umask_gives(tmp_path, unbroken):
+    expected = 0o666 & ~_umask()
+    step = unbroken / "checkpoints" / latest_name(unbroken)
+    for f in [unbroken / "config.yaml", unbroken / "results.json", unbroken / "metrics.jsonl",
+              unbroken / "checkpoints" / "latest", step / "model.pt", step / "state.pt", step / CHECKPOINT_META]:
+        assert f.stat().st_mode & 0o777 == expected, f"{f}: {oct(f.stat().st_mode & 0o777)}"
+    old = os.umask(0o027)
+    try:
+        atomic_write_json(tmp_path / "r.json", {"a": 1})
+        atomic_torch_save({"a": torch.ones(1)}, tmp_path / "s.pt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "s.pt").stat().st_mode & 0o777 == 0o640
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ----------------------------------------------------------------------------- one run per run directory
+
+
+def test_a_run_directory_in_use_is_refused_at_once_naming_the_holder(tmp_path, clean_shards):
+    from magclip.training.run import LOCK_FILE, RunDirBusyError
+
+    args = overrides(tmp_path, "shared", clean_shards, "train.max_steps=1")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "shared").mkdir()
+        (tmp_path / "shared" / LOCK_FILE).write_text(f"{holder.pid} {socket.gethostname()}\n")
+        t0 = time.perf_counter()
+        for extra in ([], ["overwrite=true"]):  # overwrite never deletes a folder another run trains into
+            with pytest.raises(RunDirBusyError, match=f"in use by process {holder.pid}"):
+                train_clip(load_config(None, [*args, *extra]))
+        assert time.perf_counter() - t0 < 30 and not (tmp_path / "shared" / "metrics.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone (killed): its claim is stale and the next run takes the folder
+    assert train_clip(load_config(None, args))["steps"] == 1
+    assert not (tmp_path / "shared" / LOCK_FILE).exists()  # released at the end
