@@ -30,6 +30,7 @@ counts one `corrupt_tar` per shard, keeping the samples read before the damage.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
@@ -69,6 +70,7 @@ SKIP_REASONS = (
     "image_too_large",  # more pixels than max_image_pixels (checked from the header, before decoding)
     "undecodable_image",  # PIL cannot decode it (garbage, truncated, zero bytes)
 )
+SHARD_REASONS = ("unreadable_shard", "corrupt_tar")  # counted once per shard and epoch
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS default
 _META = re.compile(r"(^|/)__[^/]*__($|/)")  # webdataset's metadata members, not samples
 
@@ -193,12 +195,18 @@ def _seed(*parts: object) -> str:
 class _Skips:
     """Counts and logs skipped samples inside one worker; `take()` hands them to the next batch."""
 
-    def __init__(self, log_first: int):
+    def __init__(self, log_first: int, count_shards: bool = True):
+        self.count_shards = count_shards  # False: shard damage was counted by another reader this epoch
         self.pending: Counter[str] = Counter()
         self.seen: Counter[str] = Counter()
         self.log_first = log_first
+        self.damaged: set[tuple[str, str | None]] = set()  # (reason, url) of shard-level skips, this epoch
 
     def skip(self, reason: str, url: str | None, key: str | None, detail: object = "") -> None:
+        if reason in SHARD_REASONS:  # a shard read again (a fixed-length epoch's next pass) is one damage
+            if (reason, url) in self.damaged or not self.count_shards:
+                return
+            self.damaged.add((reason, url))
         self.pending[reason] += 1
         self.seen[reason] += 1
         if self.seen[reason] <= self.log_first:
@@ -409,6 +417,7 @@ class _RankStream(IterableDataset):
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.drop_last, self.max_image_pixels, self.log_first = drop_last, max_image_pixels, log_first
         self.epoch = 0
+        self.count_shard_damage = True
 
     def _pass(self, rep: int, worker: int, skips: _Skips) -> wds.DataPipeline:
         if self.resampled:  # every rank and worker draws its own shards: no splitting
@@ -443,7 +452,7 @@ class _RankStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        skips = _Skips(self.log_first)
+        skips = _Skips(self.log_first, self.count_shard_damage)
         keep_partial = self.num_batches is None and not self.drop_last
         collate = partial(_collate, tokenizer=self.tokenizer, skips=skips)
         batches = _batched(self._samples(worker, skips), self.batch_size, collate, keep_partial)
@@ -527,10 +536,35 @@ class ShardLoader:
                 carry.clear()
             n += 1
             yield item
+        if s.num_batches is not None and n < s.num_batches and self.workers > 1:
+            # a worker ran out of usable data (e.g. its only shard is empty): the others' data makes
+            # up its share, read again in this process from the start of the rank's shards
+            log.warning("rank %d: %d of %d batches from %d workers (a worker had no usable data; skips %s); "
+                        "reading the rank's shards again for the rest", s.rank, n, s.num_batches, self.workers,
+                        dict(self.skip_counts))
+            for item in self._top_up(s.num_batches - n):
+                if carry:  # the idle worker's skips ride on the first batch that makes up for it
+                    item["skipped"] = dict(carry + Counter(item["skipped"]))
+                    carry.clear()
+                n += 1
+                yield item
         if s.num_batches is not None and n < s.num_batches:
-            raise RuntimeError(
-                f"rank {s.rank} yielded {n} of {s.num_batches} batches: a worker ran out of usable data "
-                f"(all its shards unreadable or all samples skipped; skips so far {dict(self.skip_counts)})")
+            if n == 0:
+                raise RuntimeError(
+                    f"rank {s.rank} yielded 0 of {s.num_batches} batches: no usable data (all its shards "
+                    f"unreadable or all samples skipped; skips {dict(self.skip_counts)})")
+            log.warning("rank %d: the epoch ends after %d of %d batches: no usable data left (skips %s)",
+                        s.rank, n, s.num_batches, dict(self.skip_counts))
+
+    def _top_up(self, missing: int) -> Iterator[dict[str, Any]]:
+        """Up to `missing` batches of this rank's shards, read in this process."""
+        stream = copy.copy(self._stream)
+        stream.num_batches = missing
+        stream.count_shard_damage = False  # the workers counted each damaged shard of this epoch already
+        for item in stream:
+            self.skip_counts.update(item["skipped"])
+            if item["images"] is not None:
+                yield item
 
 
 def build_clip_loader(

@@ -49,6 +49,7 @@ log = logging.getLogger("magclip.training.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
+SHORTFALL = "epoch_shortfall_micro_batches"  # micro-batches an epoch lacked: no usable data was left
 RECENT_LOSS_STEPS = 20
 TB_CLOSE_TIMEOUT_S = 5.0  # an interrupt must not wait on tensorboard's flush thread (it could hang for minutes)  # results.json's train_loss_recent: mean loss over the last this many steps
 
@@ -248,8 +249,10 @@ class Engine:
         while self.state.batches_in_epoch < limit:
             group = list(itertools.islice(loader, accum))
             if len(group) < accum:
-                log.warning("epoch %d ended after %d of %d micro-batches", self.state.epoch,
-                            self.state.batches_in_epoch + len(group), limit)
+                got = self.state.batches_in_epoch + len(group)
+                log.warning("epoch %d ended after %d of %d micro-batches", self.state.epoch, got, limit)
+                # counted like a skip, so results.json says the epoch came up short
+                self.state.skipped_samples[SHORTFALL] += limit - self.state.batches_in_epoch
                 return
             self.state.batches_in_epoch += accum
             yield group

@@ -696,3 +696,33 @@ def test_a_run_directory_in_use_is_refused_at_once_naming_the_holder(tmp_path, c
     # the holder is gone (killed): its claim is stale and the next run takes the folder
     assert train_clip(load_config(None, args))["steps"] == 1
     assert not (tmp_path / "shared" / LOCK_FILE).exists()  # released at the end
+
+
+# ----------------------------------------------------------------------------- a worker without data, damage counted once
+
+
+def test_a_zero_byte_shard_as_a_workers_only_shard_does_not_stop_the_run(tmp_path, clean_shards):
+    """One good shard + one empty file, 2 loader workers: the worker holding the empty shard has no
+    usable data; the good shard makes up its share and the damage is counted once per epoch."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "d-0.tar").write_bytes(Path(clean_shards.replace("{0..1}", "0")).read_bytes())
+    (folder / "d-1.tar").write_bytes(b"")
+    args = overrides(tmp_path, "empty", str(folder / "d-{0..1}.tar"), "data.workers=2", "train.epochs=2")
+    results = train_clip(load_config(None, args))
+    assert results["steps"] == 4 and results["epochs_completed"] == 2  # 32 samples / batch 16, two epochs
+    assert results["skipped_samples"] == {"corrupt_tar": 2}
+
+
+def test_a_damaged_shard_is_counted_once_per_epoch(tmp_path):
+    """Five damaged shards in a fixed-length epoch that reads its shards twice: five counts, not more."""
+    folder = tmp_path / "shards"
+    for i in range(5):
+        write_tar(folder / f"z-{i}.tar", [m for k in range(4) for m in good(f"z{i}{k}")])
+        corrupt_header(folder / f"z-{i}.tar", f"z{i}2.png")  # 2 samples survive in each
+    write_tar(folder / "z-5.tar", [m for k in range(8) for m in good(f"g{k}")])
+    loader = build_clip_loader(str(folder / "z-{0..5}.tar"), preprocess=T.ToTensor(),
+                               tokenizer=lambda caps: torch.zeros(len(caps), 4, dtype=torch.long), batch_size=6,
+                               num_samples=36, workers=2, shuffle=False)  # 18 good samples: two passes
+    assert len(list(loader)) == 6
+    assert loader.skip_counts["corrupt_tar"] == 5
