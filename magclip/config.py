@@ -108,20 +108,27 @@ class ClipTrainConfig(TrainConfig):
 
 
 @dataclass
-class RunConfig:
-    """A CLIP run (train/clip.py). The defaults are the main job: no config file is needed."""
+class RunFolder:
+    """Where a run writes: `output_dir/name` (the first keys of every run schema)."""
 
-    name: str = "default"
+    name: str = "run"
     output_dir: str = "runs"
     overwrite: bool = False
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    train: ClipTrainConfig = field(default_factory=ClipTrainConfig)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
+
+
+@dataclass
+class RunConfig(RunFolder):
+    """A CLIP run (train/clip.py). The defaults are the main job: no config file is needed."""
+
+    name: str = "default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: ClipTrainConfig = field(default_factory=ClipTrainConfig)
 
 
 # ---------------------------------------------------------------------------- text retrieval runs
@@ -182,19 +189,14 @@ class TextEvalConfig:
 
 
 @dataclass
-class TextRunConfig:
+class TextRunConfig(RunFolder):
     name: str = "text"
-    output_dir: str = "runs"
-    overwrite: bool = False
     model: TextModelConfig = field(default_factory=TextModelConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
     loss: TextLossConfig = field(default_factory=TextLossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)  # configs/text set text-sized values
     eval: TextEvalConfig = field(default_factory=TextEvalConfig)
 
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

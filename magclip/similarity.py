@@ -145,8 +145,7 @@ def frozen(scorer: "Scorer | str | Mapping[str, Any]") -> Scorer:
     """A copy for evaluation: the same mode and exponents (a learnable one keeps its label and its
     trained point), trained no further."""
     scorer = Scorer.build(scorer)
-    copy = Scorer(scorer.mode) if scorer.mode in FIXED_MODES else Scorer(scorer.mode, scorer.gamma_q, scorer.gamma_d)
-    return copy.requires_grad_(False)
+    return make_scorer(scorer.mode, scorer.gamma_q, scorer.gamma_d).requires_grad_(False)
 
 
 def evaluation_scorers(trained: Mapping[str, "Scorer | Mapping[str, Any]"]) -> dict[str, Scorer]:

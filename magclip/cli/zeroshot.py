@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("model (one of --checkpoint or --model)")
     src.add_argument("--checkpoint", help="magclip run folder, checkpoint step folder, or its model.pt")
-    src.add_argument("--model", help="open_clip model name / configs/models name / JSON config (no magclip.json)")
+    src.add_argument("--model", help="open_clip model name / magclip/models/configs name / JSON config (no magclip.json)")
     src.add_argument("--pretrained", help="with --model: open_clip pretrained tag or a local weights file")
     src.add_argument("--mode", choices=MODES, help="score both directions with this mode (default: the "
                      "checkpoint's own scorers; cosine for --model)")

@@ -71,6 +71,7 @@ SKIP_REASONS = (
     "undecodable_image",  # PIL cannot decode it (garbage, truncated, zero bytes)
 )
 SHARD_REASONS = ("unreadable_shard", "corrupt_tar")  # counted once per shard and epoch
+LOG_FIRST_SKIPS = 5  # skips logged per reason (every one is counted)
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS default
 _META = re.compile(r"(^|/)__[^/]*__($|/)")  # webdataset's metadata members, not samples
 
@@ -258,38 +259,15 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
 
 
 def iter_tar_samples(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str, dict[str, bytes]]]:
-    """(shard url, key, {ext: bytes}) per sample, shard by shard in order, in one process (evaluation);
-    unreadable and damaged shards and duplicate members are counted in `skipped` (SKIP_REASONS)."""
-    for url in urls:
-        try:
-            stream = wds.gopen(url)
-        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
-            skipped["unreadable_shard"] += 1
-            log.warning("skipped unreadable shard %s: %s", url, exn)
-            continue
-        key, members = None, {}
-        try:
-            for name, read in tar_members(stream):
-                base, ext = base_plus_ext(name)
-                if base is None:
-                    continue
-                if base != key:
-                    if members:
-                        yield url, key, members
-                    key, members = base, {}
-                ext = ext.lower()
-                if ext in members:
-                    skipped["bad_member"] += 1
-                    log.warning("shard %s key %s: duplicate member .%s, keeping the first", url, base, ext)
-                    continue
-                members[ext] = read()
-        except Exception as exn:  # noqa: BLE001 - counted and reported, as in training
-            skipped["corrupt_tar"] += 1
-            log.warning("shard %s is damaged (%s: %s); samples before the damage are kept", url, type(exn).__name__, exn)
-        finally:
-            stream.close()
-        if members:
-            yield url, key, members
+    """(shard url, key, {ext: bytes}) per sample, shard by shard in order, in one process (evaluation):
+    the training reader's stages (open, members, grouping), so unreadable and damaged shards and
+    duplicate members are skipped, logged and counted alike; counts go to `skipped` as they happen."""
+    skips = _Skips(log_first=LOG_FIRST_SKIPS)
+    opened = url_opener([{"url": u} for u in urls], handler=skips.open_failed)
+    for sample in group_by_keys(_tar_members(opened, skips), handler=skips.bad_member):
+        skipped.update(skips.take())
+        yield sample["__url__"], sample["__key__"], {k: v for k, v in sample.items() if not k.startswith("__")}
+    skipped.update(skips.take())
 
 
 def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, str]:
@@ -585,7 +563,7 @@ def build_clip_loader(
     world_size: int | None = None,
     drop_last: bool = True,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-    log_first: int = 5,
+    log_first: int = LOG_FIRST_SKIPS,
 ) -> ShardLoader:
     """A loader over image-text shards for one rank.
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from magclip.data.shards import build_clip_loader, count_samples
+from magclip.data.shards import build_clip_loader, count_samples, iter_tar_samples
 from builders import good, png, write_tar
 
 PRE = T.Compose([T.Resize((16, 16)), T.ToTensor()])
@@ -292,3 +292,17 @@ def test_worker_without_usable_data_raises(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="yielded 0 of 2 batches"):
         list(build_clip_loader(str(tmp_path / "x-000.tar"), preprocess=PRE, tokenizer=TOK, batch_size=2,
                                num_samples=4))
+
+
+def test_the_evaluation_reader_skips_and_counts_like_training(tmp_path: Path) -> None:
+    """iter_tar_samples (zero-shot) uses the training reader's stages: a duplicate member keeps the
+    first, a truncated tar keeps what came before the damage, a missing shard is counted."""
+    write_tar(tmp_path / "a.tar", [*good("k1"), *good("k2"), ("k2.txt", b"a second caption")])
+    cut = write_tar(tmp_path / "b.tar", [m for i in range(3) for m in good(f"t{i}")])
+    cut.write_bytes(cut.read_bytes()[:1500])
+    skipped: Counter = Counter()
+    urls = [str(tmp_path / n) for n in ("a.tar", "b.tar", "missing.tar")]
+    samples = [(Path(u).name, k, m) for u, k, m in iter_tar_samples(urls, skipped)]
+    assert [(u, k) for u, k, _ in samples] == [("a.tar", "k1"), ("a.tar", "k2"), ("b.tar", "t0")]
+    assert samples[1][2]["txt"] == b"caption k2"
+    assert dict(skipped) == {"bad_member": 1, "corrupt_tar": 1, "unreadable_shard": 1}
