@@ -18,10 +18,10 @@ from typing import Any
 import yaml
 
 from magclip.io import atomic_write_text
-from magclip.similarity import MODES, make_scorer
-from magclip.temperature import TEXT_COSINE_SCALE
+from magclip.modes import MODES, TEXT_COSINE_SCALE, initial_exponents
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
 
 
 class ConfigError(ValueError):
@@ -96,6 +96,9 @@ class TrainConfig:
     checkpoint_every: int | None = None  # steps; None = only at the end
     resume: str | None = None         # 'latest' or a checkpoint directory
     max_nonfinite_steps: int = 10     # consecutive skipped non-finite steps before the run stops
+    collective_timeout_s: float = 1800.0  # a collective (gradient all-reduce, barrier) waiting longer on a lost rank fails
+    threads: int | None = None        # intra-op threads per process; None: OMP_NUM_THREADS, else the cores
+                                      # this process may use minus its loader workers (training/threads.py)
 
 
 @dataclass
@@ -320,6 +323,7 @@ def validate(cfg: Any) -> None:
     else:
         return
     _check_train(cfg.train)
+    _check_inputs(cfg)
 
 
 def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
@@ -339,7 +343,7 @@ def _check_exponents(loss: Any, modes: list[str]) -> None:
                           "it applies to modes 'fixed' and 'learnable'")
     for mode in free:
         try:
-            make_scorer(mode, loss.gamma_q, loss.gamma_d)
+            initial_exponents(mode, loss.gamma_q, loss.gamma_d)
         except ValueError as exn:
             raise ConfigError(f"loss: {exn}") from None
 
@@ -347,6 +351,8 @@ def _check_exponents(loss: Any, modes: list[str]) -> None:
 def _check_train(train: TrainConfig) -> None:
     if train.precision not in PRECISIONS:
         raise ConfigError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if train.threads is not None and train.threads < 1:
+        raise ConfigError(f"train.threads must be >= 1 or null (automatic), got {train.threads}")
     positive = {"train.batch_size": train.batch_size, "train.epochs": train.epochs,
                 "train.accum_freq": train.accum_freq, "train.log_every": train.log_every}
     for key, value in positive.items():
@@ -354,7 +360,8 @@ def _check_train(train: TrainConfig) -> None:
             raise ConfigError(f"{key} must be >= 1, got {value}")
     ranges = {"train.lr": (train.lr, 0, None), "train.loss_lr": (train.loss_lr, 0, None),
               "train.eps": (train.eps, 0, None), "train.grad_clip": (train.grad_clip, 0, None),
-              "train.beta1": (train.beta1, None, 1), "train.beta2": (train.beta2, None, 1)}
+              "train.beta1": (train.beta1, None, 1), "train.beta2": (train.beta2, None, 1),
+              "train.collective_timeout_s": (train.collective_timeout_s, 0, None)}
     for key, (value, above, below) in ranges.items():
         if value is not None and ((above is not None and value <= above) or (below is not None and value >= below)):
             bound = f"> {above}" if below is None else f"in [0, {below})"
@@ -367,9 +374,35 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest' or a path)")
 
 
-def _check_text(cfg: "TextRunConfig") -> None:
-    from magclip.models.text import POOLINGS  # the pooling rules live with the model
+def _check_inputs(cfg: Any) -> None:
+    """Every local input named by the config exists, checked before anything heavy is imported or built."""
+    from magclip.data.urls import check_sources_exist
 
+    if isinstance(cfg, RunConfig):
+        shard_sets = {"data.train": cfg.data.train, "data.val": cfg.data.val,
+                      **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
+        for key, urls in shard_sets.items():
+            if urls is not None:
+                check_sources_exist(urls, key)
+        pretrained = cfg.model.pretrained
+        if pretrained and _looks_like_path(pretrained) and not Path(pretrained).is_file():
+            raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")
+        return
+    paths = {"data.beir": cfg.data.beir, **{f"eval.{kind}.{k}": v for kind in ("beir", "sts", "rag")
+                                            for k, v in getattr(cfg.eval, kind).items()}}
+    if cfg.data.train is not None and not any(c in cfg.data.train for c in "{:"):
+        paths["data.train"] = cfg.data.train  # a plain file or folder; shard patterns are checked by the reader
+    for key, value in paths.items():
+        if value is not None and not Path(value).exists():
+            raise FileNotFoundError(f"{key}: not found: {value}")
+
+
+def _looks_like_path(value: str) -> bool:
+    """A local file rather than a pretrained tag or hub name (tags hold neither a slash nor a suffix)."""
+    return value.startswith((".", "/", "~")) or value.endswith((".pt", ".pth", ".bin", ".safetensors"))
+
+
+def _check_text(cfg: "TextRunConfig") -> None:
     _check_mode("loss.mode", cfg.loss.mode)
     _check_exponents(cfg.loss, [cfg.loss.mode])
     if cfg.model.pooling is not None and cfg.model.pooling not in POOLINGS:

@@ -12,8 +12,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def umask_mode(kind: str = "file") -> int:
     """The mode a plain `open` (file) or `mkdir` (dir) would give under the process's umask; temp files
@@ -58,6 +56,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.fchmod(fd, umask_mode())
     os.close(fd)
+    import torch  # here, not at the top: configs and files are handled before torch is imported
+
     try:
         torch.save(obj, tmp)
         with open(tmp, "rb") as f:
@@ -103,12 +103,12 @@ class UnsafeFileError(ValueError):
 
 
 class DamagedFileError(ValueError):
-    """A torch file is truncated or not a torch file at all."""
+    """A torch or safetensors file is truncated or not such a file at all."""
 
 
 def load_error(path: str | Path, exn: BaseException) -> ValueError | None:
-    """What went wrong when `torch.load(path, weights_only=True)` raised `exn`, as an error that names
-    the file; None where `exn` is not about the file's content (e.g. a missing file)."""
+    """What went wrong when `torch.load(path, weights_only=True)` (or safetensors' reader) raised `exn`, as an
+    error that names the file; None where `exn` is not about the file's content (e.g. a missing file)."""
     if isinstance(exn, OSError):
         return None
     if isinstance(exn, pickle.UnpicklingError) and "weights only load failed" in str(exn).lower():
@@ -119,11 +119,14 @@ def load_error(path: str | Path, exn: BaseException) -> ValueError | None:
             "unpickling them could run arbitrary code. Files written by magclip never do; do not load a "
             "file from an untrusted source any other way")
     first = str(exn).splitlines()[0].split(". ")[0][:200] if str(exn) else type(exn).__name__
-    return DamagedFileError(f"{path} is damaged: truncated, or not a file written by torch.save ({first})")
+    writer = "safetensors" if str(path).endswith(".safetensors") else "torch.save"
+    return DamagedFileError(f"{path} is damaged: truncated, or not a file written by {writer} ({first})")
 
 
 def safe_torch_load(path: str | Path) -> Any:
     """`torch.load` that never runs code from the file (weights_only) and names a bad file in its error."""
+    import torch
+
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exn:

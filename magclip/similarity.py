@@ -27,15 +27,10 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-FIXED_MODES: dict[str, tuple[float, float]] = {
-    "cosine": (1.0, 1.0),
-    "dot": (0.0, 0.0),
-    "qnorm": (1.0, 0.0),
-    "dnorm": (0.0, 1.0),
-}
-MODES: tuple[str, ...] = (*FIXED_MODES, "fixed", "learnable")
-DIRECTIONS = ("i2t", "t2i")  # CLIP: image->text (the image is the query), text->image
-LEARNABLE_INIT = (0.5, 0.5)
+from magclip.modes import DIRECTIONS, FIXED_MODES, LEARNABLE_INIT, MODES, check_mode, initial_exponents
+
+__all__ = ["DIRECTIONS", "FIXED_MODES", "LEARNABLE_INIT", "MODES", "NORM_EPS", "Scorer", "check_mode",
+           "evaluation_scorers", "frozen", "make_scorer"]
 
 # Norms are clamped here before being raised to a power; small enough that features of norm 1e-4
 # keep their direction, large enough that 1 / eps stays finite in float32.
@@ -52,7 +47,7 @@ class Scorer(nn.Module):
     def __init__(self, mode: str = "cosine", gamma_q: float | None = None, gamma_d: float | None = None):
         super().__init__()
         self.mode = check_mode(mode)
-        gq, gd = _initial_gammas(self.mode, gamma_q, gamma_d)
+        gq, gd = initial_exponents(self.mode, gamma_q, gamma_d)
         if self.mode == "learnable":
             self.gamma_q_param = nn.Parameter(torch.tensor(gq, dtype=torch.float32))
             self.gamma_d_param = nn.Parameter(torch.tensor(gd, dtype=torch.float32))
@@ -159,33 +154,6 @@ def evaluation_scorers(trained: Mapping[str, "Scorer | Mapping[str, Any]"]) -> d
         if direction not in out:
             out[direction] = out[other].transposed().requires_grad_(False)
     return {d: out[d] for d in DIRECTIONS}
-
-
-def check_mode(mode: str) -> str:
-    """The mode name, or a ValueError that lists the allowed ones."""
-    if mode not in MODES:
-        raise ValueError(f"unknown scoring mode {mode!r}; allowed: {', '.join(MODES)}")
-    return mode
-
-
-def _initial_gammas(mode: str, gamma_q: float | None, gamma_d: float | None) -> tuple[float, float]:
-    if mode in FIXED_MODES:
-        fixed = FIXED_MODES[mode]
-        for name, given, expected in (("gamma_q", gamma_q, fixed[0]), ("gamma_d", gamma_d, fixed[1])):
-            if given is not None and float(given) != expected:
-                raise ValueError(
-                    f"mode {mode!r} fixes {name}={expected}, got {name}={given}; "
-                    "use mode 'fixed' or 'learnable' for other exponents"
-                )
-        return fixed
-    if mode == "fixed" and (gamma_q is None or gamma_d is None):
-        raise ValueError("mode 'fixed' needs both gamma_q and gamma_d")
-    gq = LEARNABLE_INIT[0] if gamma_q is None else float(gamma_q)
-    gd = LEARNABLE_INIT[1] if gamma_d is None else float(gamma_d)
-    for name, value in (("gamma_q", gq), ("gamma_d", gd)):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must lie in [0, 1], got {value}")
-    return gq, gd
 
 
 def _scale_by_norm(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:

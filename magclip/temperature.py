@@ -30,14 +30,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from magclip.modes import CLIP_INIT_SCALE, CLIP_MAX_SCALE, RAW_INIT_SCALE, TEXT_COSINE_SCALE  # noqa: F401
 from magclip.similarity import Scorer
 
 log = logging.getLogger("magclip.temperature")
 
-CLIP_INIT_SCALE = 1 / 0.07        # open_clip's init for cosine
-CLIP_MAX_SCALE = 100.0
-TEXT_COSINE_SCALE = 20.0          # sentence-transformers' MultipleNegativesRankingLoss (temperature 0.05)
-RAW_INIT_SCALE = 1.0              # any mode with a raw side
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Shared test set-up: tests/builders.py importable from every folder; a one-thread fixture."""
+"""Shared test set-up: tests/builders.py importable from every folder; one intra-op thread per run."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -7,6 +8,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Runs in this process and in the subprocesses the tests start choose their threads alike (the trainer
+# reads OMP_NUM_THREADS, magclip/training/threads.py), so their weights stay bitwise comparable.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ had to stop) prints one line naming what went wrong and exits non-zero, without 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -15,15 +16,20 @@ BAD_INPUT_EXIT = 2  # like argparse's usage errors
 RUN_FAILED_EXIT = 1
 
 
+class UsageError(ValueError):
+    """Command-line arguments that cannot be used together; reported like any bad input (one line, exit 2)."""
+
+
 def _expected(exn: BaseException) -> int | None:
     """The exit code of an expected failure, None for a bug."""
-    from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
-
-    if isinstance(exn, (NonFiniteLossError, CheckpointWriteError)):
-        return RUN_FAILED_EXIT
     if isinstance(exn, (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
                         PermissionError)):
         return BAD_INPUT_EXIT
+    if "magclip.training.engine" in sys.modules:  # only a run that trained can fail this way
+        from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
+
+        if isinstance(exn, (NonFiniteLossError, CheckpointWriteError)):
+            return RUN_FAILED_EXIT
     return None
 
 
@@ -38,6 +44,20 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
             code = _expected(exn)
             if code is None or debug:
                 raise
-            print(f"error: {exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)", file=sys.stderr)
+            if _reports_errors():
+                print(f"error: {_where()}{exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)",
+                      file=sys.stderr)
             raise SystemExit(code) from None
     return run
+
+
+def _reports_errors() -> bool:
+    """Under torchrun/accelerate every process of a node checks the same input and fails alike: the
+    first process of each node says so, the others exit with the same code in silence."""
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+def _where() -> str:
+    """'node N: ' in a multi-node run (torchrun's GROUP_RANK), so each node's one line can be told apart."""
+    nodes = os.environ.get("GROUP_WORLD_SIZE", "1")
+    return f"node {os.environ.get('GROUP_RANK', '?')}: " if nodes.isdigit() and int(nodes) > 1 else ""

@@ -26,8 +26,7 @@ from dataclasses import asdict
 
 from magclip.cli import as_command
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
-from magclip.diagnostics.length import format_length_table
-from magclip.evaluation.text import evaluate_beir_folders, format_beir_table
+from magclip.data.beir import check_beir_folder
 from magclip.io import atomic_write_json
 
 
@@ -44,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
                              "within-bin Cohen's d, nDCG@10 by document length; see magclip.diagnostics.length)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for folder in args.data:  # bad input fails before the model loads
+        check_beir_folder(folder, args.split)
+
+    from magclip.diagnostics.length import format_length_table
+    from magclip.evaluation.text import evaluate_beir_folders, format_beir_table
+
     model, scorers = load_model_and_scorers(args)
     results = evaluate_beir_folders(model, args.data, scorers, split=args.split, batch_size=args.batch_size,
                                     device=device_of(args), backend=args.backend, max_queries=args.max_queries,

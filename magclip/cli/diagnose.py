@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from magclip.cli import as_command
+from magclip.cli import UsageError, as_command
 from magclip.diagnostics import fisher as fim
 from magclip.diagnostics.report import format_summary, run_diagnostics
 from magclip.similarity import MODES
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("model (one of)")
     src.add_argument("--text-model", help="text bi-encoder: minilm, a magclip/sentence-transformers folder or a hub name")
-    src.add_argument("--checkpoint", help="magclip CLIP run folder, checkpoint step folder, or its model.pt")
+    src.add_argument("--checkpoint", help="magclip CLIP run folder, checkpoint step folder, or its weights file")
     src.add_argument("--model", help="open_clip model name (random init without --pretrained)")
     src.add_argument("--pretrained", help="with --model: open_clip pretrained tag or weights file")
     data = p.add_argument_group("data")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     chosen = [x for x in (args.text_model, args.checkpoint, args.model) if x]
     if len(chosen) > 1 or (not chosen and not args.metrics):
-        raise SystemExit("give one of --text-model, --checkpoint or --model (or only --metrics)")
+        raise UsageError("give one of --text-model, --checkpoint or --model (or only --metrics)")
     res = run_diagnostics(args)
     if res["kind"] != "metrics":
         print(format_summary(res))

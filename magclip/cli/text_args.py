@@ -1,14 +1,22 @@
-"""The model options shared by the text evaluation commands (beir, sts, rag)."""
+"""The model options shared by the text evaluation commands (beir, sts, rag).
+
+Light on purpose: a command parses and checks its arguments and input paths with this module, and
+imports torch and the model code only after that (`load_model_and_scorers`).
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from magclip.config import POOLINGS
+from magclip.modes import MODES
 
-from magclip.evaluation.text import text_scorers
-from magclip.models.text import POOLINGS, BiEncoder
-from magclip.similarity import MODES, Scorer
+if TYPE_CHECKING:
+    from magclip.models.text import BiEncoder
+    from magclip.similarity import Scorer
 
 
 def model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +37,17 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
 
 
-def load_model_and_scorers(args) -> tuple[BiEncoder, list[Scorer]]:
+def check_paths(paths: Iterable[str], flag: str) -> None:
+    """A FileNotFoundError naming the first input that is not there, before any model is loaded."""
+    for path in paths:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{flag} {path}: not found")
+
+
+def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":
+    from magclip.evaluation.text import text_scorers
+    from magclip.models.text import BiEncoder
+
     model = BiEncoder.from_pretrained(args.model, pooling=args.pooling, query_prefix=args.query_prefix,
                                       passage_prefix=args.passage_prefix, query_max_length=args.query_max_length,
                                       passage_max_length=args.passage_max_length)
@@ -37,4 +55,6 @@ def load_model_and_scorers(args) -> tuple[BiEncoder, list[Scorer]]:
 
 
 def device_of(args) -> str:
+    import torch
+
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")

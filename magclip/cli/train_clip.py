@@ -22,8 +22,6 @@ import logging
 
 from magclip.cli import as_command
 from magclip.config import load_config
-from magclip.distributed import rank
-from magclip.training.clip import format_results_table, train_clip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=2")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    results = train_clip(load_config(args.config, args.overrides))
+    cfg = load_config(args.config, args.overrides)  # bad input is reported before torch is imported
+
+    from magclip.distributed import rank
+    from magclip.training.clip import format_results_table, train_clip
+
+    results = train_clip(cfg)
     if rank() == 0:
         print(format_results_table(results))
         print(f"run directory: {results['run_dir']}")

@@ -31,15 +31,13 @@ import argparse
 import logging
 from pathlib import Path
 
-from magclip.cli import as_command
+from magclip.cli import UsageError, as_command
 from magclip.config import load_text_config
-from magclip.distributed import rank
-from magclip.training.text import format_train_table, train_text
 
 
 def make_pairs(args) -> None:
     if not args.beir:
-        raise SystemExit("--make-pairs needs --beir FOLDER")
+        raise UsageError("--make-pairs needs --beir FOLDER")
     if args.mine_with:
         import torch
 
@@ -79,7 +77,12 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
     if args.make_pairs:
         make_pairs(args)
         return
-    results = train_text(load_text_config(args.config, args.overrides))
+    cfg = load_text_config(args.config, args.overrides)  # bad input is reported before torch is imported
+
+    from magclip.distributed import rank
+    from magclip.training.text import format_train_table, train_text
+
+    results = train_text(cfg)
     if rank() == 0:
         print(format_train_table(results))
         print(f"model folder: {results['final_model']}")

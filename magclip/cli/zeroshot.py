@@ -5,7 +5,7 @@ magclip checkpoint with the mode and exponents it recorded per direction (magcli
 open_clip model with the mode you choose. Library: `magclip.evaluation.zeroshot` (its docstring has the
 prototype rule per mode and the data format).
 
-A magclip checkpoint (a run folder -> checkpoints/latest, a step folder, or its model.pt):
+A magclip checkpoint (a run folder -> checkpoints/latest, a step folder, or its weights file):
     python eval/zeroshot.py --checkpoint runs/emoji --data '../shared/data/emoji/id_novel-000000.tar' --out results.json
     python eval/zeroshot.py --checkpoint runs/emoji/checkpoints/step_00000250 --data SHARDS --mode qnorm --out r.json \\
         --save-embeddings emb/
@@ -38,21 +38,14 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+from pathlib import Path
 
-import torch
-
-from magclip.cli import as_command
-from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
-from magclip.evaluation.emoji import emoji_benchmark
-from magclip.evaluation.zeroshot import (
-    TASKS,
-    evaluate_zeroshot,
-    format_zeroshot_table,
-    load_classes,
-    resolve_templates,
-)
+from magclip.cli import UsageError, as_command
+from magclip.data.urls import check_sources_exist
 from magclip.io import atomic_write_json
-from magclip.similarity import MODES
+from magclip.modes import MODES
+
+TASKS = ("retrieval", "classification")  # magclip.evaluation.zeroshot.TASKS, here so --help needs no torch
 
 _NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
@@ -64,15 +57,25 @@ def parse_data(values: list[str]) -> dict[str, str]:
         m = _NAMED.match(value)
         name, urls = (m.group(1), m.group(2)) if m else ("data" if len(values) == 1 else f"data{i + 1}", value)
         if name in out:
-            raise SystemExit(f"--data: set name {name!r} given twice")
+            raise UsageError(f"--data: set name {name!r} given twice")
         out[name] = urls
     return out
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Local inputs exist: named before torch, open_clip or a model is loaded."""
+    for flag in ("checkpoint", "emoji", "classes"):
+        value = getattr(args, flag)
+        if value and not Path(value).exists():
+            raise FileNotFoundError(f"--{flag} {value}: not found")
+    for name, urls in parse_data(args.data).items():
+        check_sources_exist(urls, f"--data {name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("model (one of --checkpoint or --model)")
-    src.add_argument("--checkpoint", help="magclip run folder, checkpoint step folder, or its model.pt")
+    src.add_argument("--checkpoint", help="magclip run folder, checkpoint step folder, or its weights file")
     src.add_argument("--model", help="open_clip model name / magclip/models/configs name / JSON config (no magclip.json)")
     src.add_argument("--pretrained", help="with --model: open_clip pretrained tag or a local weights file")
     src.add_argument("--mode", choices=MODES, help="score both directions with this mode (default: the "
@@ -99,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--out", required=True, help="results JSON (written atomically)")
     out.add_argument("--save-embeddings", metavar="DIR", help="write raw features and keys here")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     return p
 
 
@@ -107,11 +110,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(args.checkpoint) == bool(args.model):
-        raise SystemExit("give exactly one of --checkpoint or --model")
+        raise UsageError("give exactly one of --checkpoint or --model")
     if args.pretrained and not args.model:
-        raise SystemExit("--pretrained goes with --model (a checkpoint's weights come from --checkpoint)")
+        raise UsageError("--pretrained goes with --model (a checkpoint's weights come from --checkpoint)")
     if bool(args.emoji) == bool(args.data):
-        raise SystemExit("give --data SHARDS (one or more) or --emoji DIR")
+        raise UsageError("give --data SHARDS (one or more) or --emoji DIR")
+    check_inputs(args)
+
+    import torch
+
+    from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
+    from magclip.evaluation.emoji import emoji_benchmark
+    from magclip.evaluation.zeroshot import evaluate_zeroshot, format_zeroshot_table, load_classes, resolve_templates
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     exclude = list(args.exclude_group)
     set_info, label_field = None, args.label_field
@@ -127,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     task = args.task or ("both" if classes is not None else "retrieval")
     tasks = TASKS if task == "both" else (task,)
     if "classification" in tasks and classes is None:
-        raise SystemExit("--task classification needs --classes (or --emoji)")
+        raise UsageError("--task classification needs --classes (or --emoji)")
     templates = resolve_templates(args.templates)
 
     if args.checkpoint:

@@ -119,14 +119,23 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def load_beir(folder: str | Path, split: str = "test") -> BeirData:
+def check_beir_folder(folder: str | Path, split: str = "test") -> Path:
+    """The split's qrels file, or a FileNotFoundError naming what the folder lacks (checked before a model loads)."""
     folder = Path(folder)
+    if not folder.exists():
+        raise FileNotFoundError(f"BEIR folder not found: {folder}")
     qrels_file = folder / "qrels" / f"{split}.tsv"
     for needed in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
         if not needed.is_file():
             splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if needed == qrels_file else []
             raise FileNotFoundError(f"{folder} is not a BEIR folder with split {split!r}: {needed} is missing"
                                     + (f" (splits found: {', '.join(splits)})" if splits else ""))
+    return qrels_file
+
+
+def load_beir(folder: str | Path, split: str = "test") -> BeirData:
+    folder = Path(folder)
+    qrels_file = check_beir_folder(folder, split)
     corpus = read_corpus(folder)
     all_queries = read_queries(folder)
     qrels = read_qrels(qrels_file)

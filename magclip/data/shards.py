@@ -45,16 +45,15 @@ from functools import partial
 from itertools import count, islice
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 
 from magclip import distributed
+from magclip.data.urls import check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
 
@@ -77,31 +76,6 @@ _META = re.compile(r"(^|/)__[^/]*__($|/)")  # webdataset's metadata members, not
 
 
 # ----------------------------------------------------------------------------- urls and sizes
-
-
-def expand_sources(urls: str | list[str]) -> list[list[str]]:
-    """Shard URLs per source. A string is split at '::'; a list holds one pattern per source."""
-    parts = urls.split("::") if isinstance(urls, str) else list(urls)
-    sources = [expand_urls(p.strip()) for p in parts if p.strip()]
-    if not sources or any(not s for s in sources):
-        raise ValueError(f"no shards in {urls!r}")
-    return sources
-
-
-def _local_path(url: str) -> Path | None:
-    """The file behind a local URL (plain path or file:), None for pipe:, http: and the like."""
-    scheme = urlparse(url).scheme
-    if scheme == "file":
-        return Path(urlparse(url).path)
-    return Path(url) if scheme == "" else None
-
-
-def check_shards_exist(urls: Iterable[str]) -> None:
-    for url in urls:
-        path = _local_path(url)
-        if path is not None and not path.is_file():
-            origin = f" (from {url})" if str(path) != url else ""
-            raise FileNotFoundError(f"shard not found: {path}{origin}")
 
 
 class _StrictTarInfo(tarfile.TarInfo):
@@ -151,7 +125,7 @@ def shard_sizes(urls: list[str]) -> list[int | None]:
     tables: dict[Path, dict[str, int]] = {}
     out: list[int | None] = []
     for url in urls:
-        path = _local_path(url)
+        path = local_path(url)
         if path is None:
             out.append(None)
             continue
@@ -166,7 +140,7 @@ def shard_sizes(urls: list[str]) -> list[int | None]:
 
 def count_samples(urls: str | list[str]) -> int:
     """Total samples in all sources (sizes.json if present, else counted from the tars)."""
-    flat = [u for s in expand_sources(urls) for u in s]
+    flat = check_sources_exist(urls)
     sizes = shard_sizes(flat)
     missing = [u for u, n in zip(flat, sizes) if n is None]
     if missing:
@@ -593,8 +567,7 @@ def build_clip_loader(
     if batch_size < 1 or workers < 0:
         raise ValueError(f"batch_size must be >= 1 and workers >= 0, got {batch_size}, {workers}")
     sources = expand_sources(urls)
-    flat = [u for src in sources for u in src]
-    check_shards_exist(flat)
+    flat = check_sources_exist(urls)
     source_weights = _parse_weights(weights, len(sources))
     if source_weights is not None and not resampled:
         raise ValueError("weights need resampled=True (without resampling every shard is read once per pass)")

@@ -1,9 +1,11 @@
 """What zero-shot evaluation scores: a CLIP model with a frozen Scorer per direction, loaded from a
 magclip checkpoint (its own Scorers, from magclip.json) or from plain open_clip weights (`--mode`).
 
-A checkpoint can be given as a step folder, its model.pt, a run folder or a checkpoints folder
-(both follow `latest`). Weights load through open_clip (torch.load with weights_only): nothing in
-a checkpoint folder runs code.
+A checkpoint can be given as a step folder, its weights file, a run folder or a checkpoints folder
+(both follow `latest`). A step folder holds open_clip_model.safetensors + open_clip_config.json (open_clip's
+hub layout) and magclip.json; folders written before that layout hold model.pt instead, and still load.
+Weights load through open_clip (safetensors, or torch.load with weights_only): nothing in a checkpoint
+folder runs code.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 
 from magclip.io import DamagedFileError, UnsafeFileError
-from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip
+from magclip.models.clip import CHECKPOINT_META, WEIGHTS_FILE, RawCLIP, create_clip, weights_file
 from magclip.similarity import FIXED_MODES, Scorer, check_mode, evaluation_scorers, frozen
 
 log = logging.getLogger("magclip.evaluation")
@@ -37,29 +39,29 @@ class EvalModel:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint step folder (holding model.pt and magclip.json) for a step folder, its
-    model.pt, a run folder (follows checkpoints/latest) or a checkpoints folder (follows latest)."""
+    """The checkpoint step folder (weights + magclip.json) for a step folder, its weights file, a run
+    folder (follows checkpoints/latest) or a checkpoints folder (follows latest)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"checkpoint not found: {p}")
     if p.is_file():
         return p.parent
-    if (p / "model.pt").is_file():
+    if weights_file(p):
         return p
     for pointer in (p / "checkpoints" / "latest", p / "latest"):
         if pointer.is_file():
             target = pointer.parent / pointer.read_text().strip()
             aside = target.with_name(f".{target.name}.old")  # a replacement killed mid-way (io.publish_dir)
-            if not target.exists() and (aside / "model.pt").is_file():
+            if not target.exists() and weights_file(aside):
                 log.warning("%s is missing; reading %s, left aside by an interrupted checkpoint write "
                             "(a resumed run puts it back)", target, aside)
                 return aside
-            if not (target / "model.pt").is_file():
-                raise FileNotFoundError(f"{pointer} points at {target}, which has no model.pt")
+            if not weights_file(target):
+                raise FileNotFoundError(f"{pointer} points at {target}, which has no {WEIGHTS_FILE}")
             return target
     raise FileNotFoundError(
-        f"no checkpoint in {p}: expected a step folder with model.pt, a run folder with "
-        "checkpoints/latest, or a model.pt file")
+        f"no checkpoint in {p}: expected a step folder with {WEIGHTS_FILE}, a run folder with "
+        "checkpoints/latest, or a weights file")
 
 
 def read_checkpoint_meta(step_dir: Path) -> dict[str, Any]:
@@ -108,16 +110,16 @@ def scorers_for_mode(mode: str, gamma_q: float | None = None, gamma_d: float | N
 
 def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float | None = None,
                     gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
-    """A magclip checkpoint (step folder, its model.pt, or a run folder) with its own Scorers;
+    """A magclip checkpoint (step folder, its weights file, or a run folder) with its own Scorers;
     `mode` (with gamma_q/gamma_d for fixed/learnable) overrides both directions."""
     step_dir = resolve_checkpoint(path)
     meta = read_checkpoint_meta(step_dir)
     meta_path = step_dir / CHECKPOINT_META
     scorers = (scorers_for_mode(mode, gamma_q, gamma_d) if mode is not None
                else scorers_from_meta(meta["scorers"], where=str(meta_path)))
-    weights = Path(path) if Path(path).is_file() else step_dir / "model.pt"
-    if not weights.is_file():
-        raise FileNotFoundError(f"checkpoint weights not found: {weights}")
+    weights = Path(path) if Path(path).is_file() else weights_file(step_dir)
+    if weights is None:
+        raise FileNotFoundError(f"checkpoint weights not found: {step_dir / WEIGHTS_FILE}")
     try:
         bundle = create_clip(meta["model"], str(weights), device=device)
     except (UnsafeFileError, DamagedFileError):

@@ -63,10 +63,9 @@ from magclip.data.shards import (
     DEFAULT_MAX_IMAGE_PIXELS,
     IMAGE_EXTS,
     check_sample,
-    check_shards_exist,
-    expand_sources,
     iter_tar_samples,
 )
+from magclip.data.urls import check_sources_exist
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import retrieval_from_features
 from magclip.io import publish_dir, umask_mode
@@ -245,8 +244,7 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     the list holds; a missing or unknown label is an error naming the shard, the key and the list
     (raised while reading, before the rest is encoded).
     """
-    flat = [u for src in expand_sources(urls) for u in src]
-    check_shards_exist(flat)
+    flat = check_sources_exist(urls)
     skipped: Counter[str] = Counter()
     keys: list[str] = []
     caps: list[str] = []

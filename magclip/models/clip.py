@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import open_clip
 import torch
+from safetensors import SafetensorError
 from torch import Tensor, nn
 
 from magclip.io import atomic_write_bytes, load_error
@@ -47,13 +48,19 @@ __all__ = [
     "register_model_configs",
     "resolve_config",
     "save_checkpoint_for_open_clip",
+    "save_open_clip_folder",
+    "weights_file",
 ]
 
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # package data: a wheel install has them
-# A magclip CLIP checkpoint is a step folder: model.pt (open_clip's state dict) + this file (model
-# name, trained Scorers per direction, logit scale, the run's config).
+# A magclip CLIP checkpoint is a step folder in open_clip's own hub layout -- the weights and
+# open_clip_config.json, so `open_clip.create_model_and_transforms("local-dir:FOLDER")` loads it without
+# magclip -- plus magclip.json (model name, trained Scorers per direction, logit scale, the run's config).
+WEIGHTS_FILE = "open_clip_model.safetensors"  # open_clip's name (push_to_hf_hub); safetensors runs no code
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+LEGACY_WEIGHTS_FILE = "model.pt"  # step folders written before the hub layout; still read
 CHECKPOINT_META = "magclip.json"
 PKG_PREFIX = "pkg:"
 
@@ -217,7 +224,7 @@ def create_clip(
         clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
             name, pretrained=pretrained, device=device, **model_kwargs
         )
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as exn:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exn:
         if pretrained is None or not Path(pretrained).is_file():
             raise
         if not isinstance(exn, RuntimeError) or "PytorchStreamReader" in str(exn):
@@ -270,6 +277,34 @@ def _unwrap(model: nn.Module) -> nn.Module:
             model = model.clip
         else:
             return model
+
+
+def save_open_clip_folder(model: nn.Module, folder: str | Path, model_name: str,
+                          logit_scale: float | None = None) -> Path:
+    """Weights + open_clip_config.json in `folder`: a folder that plain open_clip loads by path,
+    `open_clip.create_model_and_transforms("local-dir:" + folder)`, with no registration and no magclip.
+
+    The config is the registered one with ``pkg:`` placeholders resolved (paths of this machine's
+    installed packages, as open_clip's own HF text towers need). Returns the weights file.
+    """
+    from open_clip.push_to_hf_hub import save_config_for_hf  # open_clip's writer of the hub layout
+
+    folder = Path(folder)
+    config = open_clip.get_model_config(model_name)
+    if config is None:
+        raise ValueError(f"no open_clip config registered for {model_name!r}")
+    weights = folder / WEIGHTS_FILE
+    save_checkpoint_for_open_clip(model, weights, logit_scale)
+    save_config_for_hf(_unwrap(model), folder / OPEN_CLIP_CONFIG, config)
+    return weights
+
+
+def weights_file(folder: str | Path) -> Path | None:
+    """The weights of a checkpoint step folder (the hub layout's, else a legacy model.pt), None if neither."""
+    for name in (WEIGHTS_FILE, LEGACY_WEIGHTS_FILE):
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    return None
 
 
 def save_checkpoint_for_open_clip(

@@ -43,11 +43,11 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
+from magclip.config import POOLINGS
 from magclip.io import atomic_write_json, load_error
 
 log = logging.getLogger("magclip.text")
 
-POOLINGS = ("mean", "cls", "last")
 SIDES = ("query", "passage")
 META_FILE = "magclip_text.json"
 FORMAT_VERSION = 1

@@ -20,7 +20,7 @@ from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss
-from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_checkpoint_for_open_clip
+from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder
 from magclip.similarity import Scorer, evaluation_scorers, make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.engine import Engine, TrainModule, make_accelerator
@@ -31,6 +31,7 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.clip")
 
@@ -88,6 +89,7 @@ def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
 def train_clip(cfg: RunConfig) -> dict[str, Any]:
     """Train a CLIP model as configured; returns (and writes) the run's results."""
     t0 = time.perf_counter()
+    use_threads(cfg.train.threads, cfg.data.workers)
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     run_dir = prepare_run_dir(cfg, accelerator)
     torch.manual_seed(cfg.train.seed)
@@ -124,9 +126,9 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device) \
             if val_loader else {}
 
-    def save_model(m: CLIPTrainModule, path: Path) -> None:
-        save_checkpoint_for_open_clip(m.clip, path, logit_scale=m.logit_scale.value)
-        atomic_write_json(path.parent / CHECKPOINT_META, {
+    def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
+        save_open_clip_folder(m.clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value)
+        atomic_write_json(step_dir / CHECKPOINT_META, {
             "model": cfg.model.name, "scorers": m.loss.scorer_state(), "logit_scale": m.logit_scale.value,
             "config": to_dict(cfg)})
 

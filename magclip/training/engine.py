@@ -143,7 +143,7 @@ class Engine:
 
     def __init__(self, cfg: TrainConfig, accelerator: Accelerator, module: nn.Module, run_dir: Path,
                  make_loader: Callable[[int], Iterable[dict]], steps_per_epoch: int,
-                 save_model: Callable[[nn.Module, Path], None],
+                 save_model: Callable[[nn.Module, Path], None],  # (module, step folder): writes the model
                  evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None):
         self.cfg = cfg
         self.acc = accelerator
@@ -399,14 +399,15 @@ class Engine:
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """checkpoints/step_N/{model.pt, state.pt}, written in a temp dir and renamed; then `latest` points at it."""
+        """checkpoints/step_N/{the task's model files, state.pt}, written in a temp dir and renamed; then `latest`
+        points at it."""
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
         if self.acc.is_main_process:
             tmp = self.ckpt_dir / f".tmp_step_{self.state.step:08d}"
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
-                self.save_model(self.unwrapped, tmp / "model.pt")
+                self.save_model(self.unwrapped, tmp)
                 atomic_torch_save(self._training_state(), tmp / "state.pt")
                 publish_dir(tmp, final)
                 atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")

@@ -40,6 +40,7 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.text")
 
@@ -108,6 +109,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
 
     t0 = time.perf_counter()
+    use_threads(cfg.train.threads, loader_workers=0)  # the text loader runs in the training process
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     torch.manual_seed(cfg.train.seed)
     records, read_skips = load_records(cfg.data)
@@ -139,8 +141,8 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
         return evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
 
-    def save_model(m: TextTrainModule, path: Path) -> None:
-        m.encoder.save_pretrained(path.parent / "model", scorer=m.loss.scorer.to_dict(),
+    def save_model(m: TextTrainModule, step_dir: Path) -> None:
+        m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
                                   logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
 
     write_run_config(cfg, run_dir, accelerator)

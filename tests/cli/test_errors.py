@@ -22,7 +22,13 @@ def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     (["train/clip.py", "--config", "configs/clip/emoji.yaml", "data.train="],
      "error: override 'data.train' has an empty value"),
     (["eval/zeroshot.py", "--checkpoint", "no/such/run", "--data", "x.tar", "--out", "r.json"],
-     "error: checkpoint not found: no/such/run"),
+     "error: --checkpoint no/such/run: not found"),
+    (["eval/zeroshot.py", "--out", "r.json"], "error: give exactly one of --checkpoint or --model"),
+    (["train/clip.py", "data.train=/no/such/shard-{000000..000003}.tar"],
+     "error: data.train: shard not found: /no/such/shard-000000.tar"),
+    (["eval/beir.py", "--data", "no_such_dir", "--out", "r.json"], "error: BEIR folder not found: no_such_dir"),
+    (["eval/sts.py", "--data", "no_such.tsv", "--out", "r.json"], "error: --data no_such.tsv: not found"),
+    (["train/text.py", "data.beir=no_such_dir", "data.train=null"], "error: data.beir: not found: no_such_dir"),
 ])
 def test_expected_errors_are_one_line_with_exit_code_2(args, message, tmp_path):
     proc = run(*[str(ROOT / a) if a.endswith((".py", ".yaml")) else a for a in args], cwd=tmp_path)
@@ -34,3 +40,29 @@ def test_expected_errors_are_one_line_with_exit_code_2(args, message, tmp_path):
 def test_debug_shows_the_traceback(tmp_path):
     proc = run(str(ROOT / "train" / "clip.py"), "--debug", "train.lr=.nan", cwd=tmp_path)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+HEAVY = ("torch", "open_clip", "transformers", "webdataset", "accelerate")
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("train_clip", ["--help"]),
+    ("train_clip", ["loss.i2t=qnrom"]),
+    ("train_clip", ["data.train=/no/such/shard-{0..3}.tar"]),
+    ("train_text", ["data.beir=/no/such/dir", "data.train=null"]),
+    ("beir", ["--data", "/no/such/dir", "--out", "r.json"]),
+    ("sts", ["--data", "/no/such.tsv", "--out", "r.json"]),
+    ("rag", ["--data", "/no/such/dir", "--out", "r.json"]),
+    ("zeroshot", ["--checkpoint", "/no/such/run", "--data", "x.tar", "--out", "r.json"]),
+    ("compare", ["--help"]),
+])
+def test_bad_input_and_help_come_before_any_heavy_import(command, argv, tmp_path):
+    """What makes an error fast is that torch, open_clip and the model are not imported before it:
+    asserted on the modules loaded, not on a time (benchmarks/bench_cli.py has the timings)."""
+    code = (f"import sys\nfrom magclip.cli import {command}\n"
+            f"try:\n    {command}.main({argv!r})\nexcept (Exception, SystemExit) as e:\n    print(type(e).__name__)\n"
+            f"print('heavy:', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "heavy: []", proc.stdout

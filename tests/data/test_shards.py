@@ -172,6 +172,13 @@ def test_missing_shard_names_the_path(tmp_path: Path) -> None:
         build_clip_loader(str(tmp_path / "m-{000..002}.tar"), preprocess=PRE, tokenizer=TOK, batch_size=2)
 
 
+def test_a_missing_shard_is_not_found_rather_than_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Counting samples (the epoch length) comes before the loader: it must say "not found" too."""
+    with pytest.raises(FileNotFoundError, match=r"shard not found: .*shard-000000.tar"):
+        count_samples(str(tmp_path / "shard-{000000..000003}.tar"))
+    assert "damaged" not in caplog.text
+
+
 def test_too_few_shards(shards: str, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ValueError, match="4 shards cannot be split over 5 ranks"):
         build_clip_loader(shards, preprocess=PRE, tokenizer=TOK, batch_size=2, num_samples=20, rank=0,

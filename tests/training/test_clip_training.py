@@ -20,10 +20,11 @@ from pathlib import Path
 
 import open_clip
 import pytest
+import safetensors.torch
 import torch
 
 from magclip.training import clip as clip_training
-from magclip.models.clip import CHECKPOINT_META
+from magclip.models.clip import CHECKPOINT_META, WEIGHTS_FILE
 from magclip.training.clip import train_clip
 from magclip.config import load_config
 from magclip.models.clip import register_model_configs
@@ -70,7 +71,26 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
 
 
+PLAIN_OPEN_CLIP = """
+import sys
+import open_clip, torch
+folder, out, captions = sys.argv[1], sys.argv[2], sys.argv[3:]
+model, _, _ = open_clip.create_model_and_transforms("local-dir:" + folder)
+tokenizer = open_clip.get_tokenizer("local-dir:" + folder)
+model.eval()
+images = torch.load(out + "/images.pt", weights_only=True)
+with torch.no_grad():
+    features = {"image": model.encode_image(images, normalize=False),
+                "text": model.encode_text(tokenizer(captions), normalize=False),
+                "logit_scale": float(model.logit_scale.exp())}
+assert not [m for m in sys.modules if m.split(".")[0] == "magclip"], "magclip was imported"
+torch.save(features, out + "/plain_features.pt")
+"""  # the one line a user of plain open_clip needs: create_model_and_transforms("local-dir:" + step folder)
+
+
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return safetensors.torch.load_file(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -169,24 +189,33 @@ def test_end_to_end_outputs_and_open_clip_checkpoint(tmp_path, synth_root, monke
     # config.yaml: the resolved config, loadable as is
     assert load_config(run_dir / "config.yaml") == cfg
 
-    # the checkpoint loads with plain open_clip and gives the trained model's raw features
+    # the checkpoint folder loads in plain open_clip -- in a process that never imports magclip -- and gives
+    # the trained model's raw features; the weights file also loads by name once the configs are registered
     ckpt = latest_checkpoint(run_dir)
     assert ckpt.name == f"step_{STEPS_PER_EPOCH:08d}" and Path(on_disk["checkpoint"]) == ckpt
-    register_model_configs()
-    loaded, _, _ = open_clip.create_model_and_transforms("tiny-resnet", pretrained=str(ckpt / "model.pt"))
-    loaded.eval()
     trained = engines[-1].unwrapped.clip.eval()
-    g = torch.Generator().manual_seed(1)
-    images = torch.randn(4, 3, 32, 32, generator=g)
-    texts = open_clip.get_tokenizer("tiny-resnet")(["a red circle at the top", "something blue", "a cross", "x"])
+    captions = ["a red circle at the top", "something blue", "a cross", "x"]
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    torch.save(images, tmp_path / "images.pt")
+    proc = subprocess.run([sys.executable, "-c", PLAIN_OPEN_CLIP, str(ckpt), str(tmp_path), *captions],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain = torch.load(tmp_path / "plain_features.pt", weights_only=True)
+    register_model_configs()
+    loaded, _, _ = open_clip.create_model_and_transforms("tiny-resnet", pretrained=str(ckpt / WEIGHTS_FILE))
+    loaded.eval()
+    texts = open_clip.get_tokenizer("tiny-resnet")(captions)
     with torch.no_grad():
         want_img, want_txt = trained(images, texts)
         got_img = loaded.encode_image(images, normalize=False)
         got_txt = loaded.encode_text(texts, normalize=False)
-    assert torch.allclose(got_img, want_img, atol=1e-6, rtol=0) and torch.allclose(got_txt, want_txt, atol=1e-6, rtol=0)
+    for got_i, got_t in ((got_img, got_txt), (plain["image"], plain["text"])):
+        assert torch.allclose(got_i, want_img, atol=1e-6, rtol=0) and torch.allclose(got_t, want_txt, atol=1e-6, rtol=0)
     # the feature norms are not 1: the checkpoint holds raw (unnormalized) towers
     assert not torch.allclose(want_txt.norm(dim=-1), torch.ones(4), atol=1e-3)
     assert math.isclose(float(loaded.logit_scale.detach().exp()), on_disk["logit_scale"], rel_tol=1e-5)
+    assert math.isclose(plain["logit_scale"], on_disk["logit_scale"], rel_tol=1e-5)
 
     meta = json.loads((ckpt / CHECKPOINT_META).read_text())
     assert meta["model"] == "tiny-resnet" and meta["scorers"] == on_disk["scorers"]
@@ -309,8 +338,8 @@ def test_kill_and_resume_matches_an_unbroken_run(tmp_path, synth_root):
     assert a["steps"] == RESUME_STEPS and a["epochs_completed"] == 2
     final = f"step_{RESUME_STEPS:08d}"
     assert latest_checkpoint(run_dir).name == final
-    diff = max_difference(load_weights(tmp_path / "unbroken" / "checkpoints" / final / "model.pt"),
-                          load_weights(run_dir / "checkpoints" / final / "model.pt"))
+    diff = max_difference(load_weights(tmp_path / "unbroken" / "checkpoints" / final / WEIGHTS_FILE),
+                          load_weights(run_dir / "checkpoints" / final / WEIGHTS_FILE))
     assert diff <= 1e-6, f"resumed at step {resumed_at}: weights differ from the unbroken run by {diff}"
     assert a["metrics"] == pytest.approx(b["metrics"], abs=1e-6)
 
@@ -329,8 +358,8 @@ def test_resume_with_in_process_loading_matches_an_unbroken_run(tmp_path, synth_
     (part / "checkpoints" / "latest").write_text("step_00000003\n")
     train_clip(load_config(None, [*resume_overrides(tmp_path, synth_root, "part", workers=0), "train.resume=latest"]))
     final = f"step_{RESUME_STEPS:08d}"
-    diff = max_difference(load_weights(whole / "checkpoints" / final / "model.pt"),
-                          load_weights(part / "checkpoints" / final / "model.pt"))
+    diff = max_difference(load_weights(whole / "checkpoints" / final / WEIGHTS_FILE),
+                          load_weights(part / "checkpoints" / final / WEIGHTS_FILE))
     assert diff <= 1e-6, f"weights differ from the unbroken run by {diff}"
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import open_clip
 import pytest
+import safetensors.torch
 import torch
 from torchvision import transforms as T
 
@@ -42,7 +43,14 @@ from magclip.config import load_config
 from magclip.data.shards import build_clip_loader, epoch_order
 from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
 from magclip.io import DamagedFileError, UnsafeFileError, atomic_torch_save, atomic_write_json
-from magclip.models.clip import CHECKPOINT_META, CONFIG_DIR, create_clip, register_model_configs, save_checkpoint_for_open_clip
+from magclip.models.clip import (
+    CHECKPOINT_META,
+    CONFIG_DIR,
+    OPEN_CLIP_CONFIG,
+    WEIGHTS_FILE,
+    create_clip,
+    save_checkpoint_for_open_clip,
+)
 from magclip.evaluation.checkpoint import load_checkpoint, resolve_checkpoint
 from builders import crafted_torch_file, free_port, good, png, write_tar
 
@@ -88,6 +96,8 @@ def latest_name(run_dir: Path) -> str:
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return safetensors.torch.load_file(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -97,9 +107,8 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 def assert_complete_checkpoint(step_dir: Path, step: int) -> None:
-    """model.pt loads in plain open_clip, state.pt holds the step, magclip.json parses; all finite."""
-    register_model_configs()
-    open_clip.create_model_and_transforms("tiny-resnet", pretrained=str(step_dir / "model.pt"))
+    """The weights load in plain open_clip, state.pt holds the step, magclip.json parses; all finite."""
+    open_clip.create_model_and_transforms(f"local-dir:{step_dir}")
     state = torch.load(step_dir / "state.pt", map_location="cpu", weights_only=True)
     assert state["loop"]["step"] == step
     assert all(torch.isfinite(v).all() for v in state["module"].values() if v.is_floating_point())
@@ -325,7 +334,7 @@ def test_nonfinite_loss_and_gradient_steps_are_skipped_and_counted(tmp_path, cle
     records = {r["step"]: r for r in train_records(run_dir)}
     assert [records[n]["skipped"].get("nonfinite_step_batches", 0) for n in range(1, STEPS + 1)] == [0, 1, 2, 2]
     assert json.loads((run_dir / "results.json").read_text())["skipped_samples"] == {"nonfinite_step_batches": 2}
-    weights = load_weights(run_dir / "checkpoints" / latest_name(run_dir) / "model.pt")
+    weights = load_weights(run_dir / "checkpoints" / latest_name(run_dir) / WEIGHTS_FILE)
     assert all(torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
 
 
@@ -345,8 +354,8 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_the_step_number(tmp_path,
     # the last checkpoint (after the skipped step 2) holds step 1's weights: finite and resumable
     assert latest_name(run_dir) == "step_00000002"
     assert_complete_checkpoint(run_dir / "checkpoints" / "step_00000002", 2)
-    saved = load_weights(run_dir / "checkpoints" / "step_00000002" / "model.pt")
-    assert max_difference(saved, load_weights(run_dir / "checkpoints" / "step_00000001" / "model.pt")) == 0
+    saved = load_weights(run_dir / "checkpoints" / "step_00000002" / WEIGHTS_FILE)
+    assert max_difference(saved, load_weights(run_dir / "checkpoints" / "step_00000001" / WEIGHTS_FILE)) == 0
 
 
 # ----------------------------------------------------------------------------- row 7: kill -9 mid-checkpoint
@@ -394,7 +403,7 @@ train_clip(load_config(None, sys.argv[2:]))
 
 
 @pytest.mark.parametrize(("where", "resumes_at"), [
-    ("state.pt", 2),  # state.pt of step 4 half written (its model.pt and magclip.json complete)
+    ("state.pt", 2),  # state.pt of step 4 half written (its weights and magclip.json complete)
     ("replace", 4),   # step 4 re-saved at the end: killed between publish_dir's two renames
 ])
 def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, clean_shards, unbroken, where,
@@ -428,8 +437,8 @@ def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, cl
     for key in ("steps", "epochs_completed", "samples_seen_per_rank", "skipped_samples"):
         assert results[key] == reference[key], key
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
-    diff = max_difference(load_weights(unbroken / "checkpoints" / "step_00000004" / "model.pt"),
-                          load_weights(ckpts / "step_00000004" / "model.pt"))
+    diff = max_difference(load_weights(unbroken / "checkpoints" / "step_00000004" / WEIGHTS_FILE),
+                          load_weights(ckpts / "step_00000004" / WEIGHTS_FILE))
     assert diff <= 1e-6, f"weights differ from the unbroken run by {diff}"
 
 
@@ -457,7 +466,7 @@ def fill_disk(monkeypatch, *names: str) -> list[bool]:
 
 
 @needs_dev_full
-@pytest.mark.parametrize("target", ["model.pt", "state.pt", "latest"])
+@pytest.mark.parametrize("target", [WEIGHTS_FILE, "state.pt", "latest"])
 def test_disk_full_while_writing_a_checkpoint(tmp_path, clean_shards, monkeypatch, target):
     armed = fill_disk(monkeypatch, target)
     full = [True]
@@ -528,14 +537,14 @@ def test_checkpoint_with_another_models_magclip_json_is_a_clear_error(tmp_path, 
     assert len(msg) < 1000  # a summary, not torch's list of every key
 
 
-def test_evaluating_weights_with_another_model_is_a_clear_error(tmp_path, resnet_step):
+def test_evaluating_weights_with_another_model_is_a_clear_error(tmp_path, resnet_step, clean_shards):
     spec = importlib.util.spec_from_file_location("eval_zeroshot", ROOT / "eval" / "zeroshot.py")
     eval_zeroshot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(eval_zeroshot)
     out = tmp_path / "r.json"
     weights = resnet_step / "model.pt"
     with pytest.raises(ValueError) as err:
-        eval_zeroshot.main(["--model", "tiny-vit", "--pretrained", str(weights), "--data", "x.tar", "--out", str(out)])
+        eval_zeroshot.main(["--model", "tiny-vit", "--pretrained", str(weights), "--data", clean_shards, "--out", str(out)])
     msg = str(err.value)
     assert f"checkpoint {weights} does not fit model 'tiny-vit'" in msg
     assert f"says it was trained as model 'tiny-resnet': evaluate it with --checkpoint {resnet_step}" in msg
@@ -634,7 +643,7 @@ def test_safe_state_pt_round_trips_every_rng(tmp_path, unbroken):
     assert state["rng"]["numpy"]["keys"].dtype == torch.int64 and len(state["rng"]["numpy"]["keys"]) == 624
 
 
-@pytest.mark.parametrize("name", ["state.pt", "model.pt"])
+@pytest.mark.parametrize("name", ["state.pt", WEIGHTS_FILE])
 def test_truncated_checkpoint_file_is_named_as_damaged(tmp_path, clean_shards, unbroken, name):
     step = tmp_path / "step"
     step.mkdir()
@@ -643,7 +652,7 @@ def test_truncated_checkpoint_file_is_named_as_damaged(tmp_path, clean_shards, u
     data = (step / name).read_bytes()
     (step / name).write_bytes(data[: len(data) // 2])
     with pytest.raises(DamagedFileError, match=f"{re.escape(str(step / name))} is damaged: truncated"):
-        if name == "model.pt":
+        if name == WEIGHTS_FILE:
             load_checkpoint(step)
         else:
             train_clip(load_config(None, overrides(tmp_path, "resumed", clean_shards, f"train.resume={step}")))
@@ -656,7 +665,8 @@ def test_published_files_get_the_mode_the_umask_gives(tmp_path, unbroken):
     expected = 0o666 & ~_umask()
     step = unbroken / "checkpoints" / latest_name(unbroken)
     for f in [unbroken / "config.yaml", unbroken / "results.json", unbroken / "metrics.jsonl",
-              unbroken / "checkpoints" / "latest", step / "model.pt", step / "state.pt", step / CHECKPOINT_META]:
+              unbroken / "checkpoints" / "latest", step / WEIGHTS_FILE, step / OPEN_CLIP_CONFIG, step / "state.pt",
+              step / CHECKPOINT_META]:
         assert f.stat().st_mode & 0o777 == expected, f"{f}: {oct(f.stat().st_mode & 0o777)}"
     old = os.umask(0o027)
     try:
