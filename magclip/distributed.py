@@ -1,4 +1,5 @@
-"""Rank/world helpers that work without a process group, and an all-gather that keeps autograd.
+"""Rank/world helpers that work without a process group, an all-gather that keeps autograd, and
+what a multi-node run needs to fail clearly: who the ranks are and which one was lost.
 
 The contrastive loss needs every rank's features as negatives *with* gradient, so that the
 features of rank r receive the gradient of the scores other ranks computed with them.
@@ -7,10 +8,23 @@ accelerate's `gather` detaches; the loss must use `all_gather_with_grad` instead
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import re
+import socket
+import threading
+import time
 import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("magclip.distributed")
 
 
 def is_distributed() -> bool:
@@ -59,3 +73,205 @@ def all_gather_no_grad(x: torch.Tensor, keep_local_grad: bool = True) -> torch.T
         parts[rank()] = x
     return torch.cat(parts, dim=0)
 
+
+# ---------------------------------------------------------------------------- the ranks of a run, and losing one
+#
+# A multi-node run fails as a whole when one rank is lost (killed, frozen, cut off): the others'
+# next collective errors out at once (the peer's connection was reset) or after the process group's
+# timeout (`train.collective_timeout_s`). Either way the error should say *which* rank was lost, and
+# gloo/NCCL messages name at most an address. So every rank, at the start of a run, tells the others
+# its host and addresses (`introduce`) and bumps a counter in the launcher's rendezvous store once a
+# second (`Heartbeat`); after a failed collective, the ranks whose counter stood still are the lost
+# ones (`naming_lost_ranks`).
+
+HEARTBEAT_INTERVAL_S = 1.0
+STORE_TIMEOUT_S = 5.0  # a store operation of the heartbeat or the loss check waits at most this long
+_COMMUNICATION = re.compile(r"gloo|nccl|connection (reset|closed|refused)|timed out|timeout|pair closure|"
+                            r"broken pipe|socket|no route to host|store", re.IGNORECASE)
+_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:\d+")
+
+
+class PeerLostError(RuntimeError):
+    """A collective failed because another rank died, froze or became unreachable; the message names it."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    rank: int
+    host: str
+    addresses: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} ({self.host}{', ' + self.addresses[0] if self.addresses else ''})"
+
+
+_peers: list[Peer] = []
+_heartbeat: "Heartbeat | None" = None
+
+
+def local_addresses() -> tuple[str, ...]:
+    """This host's IP addresses, non-loopback first (what another rank's connection error names)."""
+    try:
+        import psutil  # an accelerate dependency
+
+        found = [a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family in (socket.AF_INET, socket.AF_INET6)]
+    except Exception:  # pragma: no cover - psutil missing or refusing: the host name still identifies
+        found = []
+    return tuple(sorted(set(found), key=lambda a: (a.startswith(("127.", "::1")), ":" in a, a)))
+
+
+def parameters_digest(module: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes, by name: equal on two ranks iff their weights are bit-identical.
+
+    Buffers are left out on purpose: DDP broadcasts them from rank 0 at each forward, so after the
+    last step a rank's BatchNorm running statistics hold its own last batch (checkpoints take rank 0's)."""
+    h = hashlib.sha256()
+    for name, p in sorted(module.named_parameters(), key=lambda item: item[0]):
+        h.update(name.encode())
+        h.update(p.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """`obj` of every rank, in rank order ([obj] without a process group)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def introduce(payload: Any = None, heartbeat: bool = True) -> list[tuple[Peer, Any]]:
+    """Exchange (host, addresses, `payload`) between all ranks -- the run's first collective -- and
+    remember the peers, so that a lost one can be named later; start this rank's heartbeat."""
+    global _peers, _heartbeat
+    me = (socket.gethostname(), local_addresses(), payload)
+    everyone = gather_objects(me)
+    _peers = [Peer(r, host, tuple(addrs)) for r, (host, addrs, _) in enumerate(everyone)]
+    if heartbeat and is_distributed() and _heartbeat is None:
+        _heartbeat = Heartbeat.start()
+    return [(peer, p) for peer, (_, _, p) in zip(_peers, everyone)]
+
+
+def stop_heartbeat() -> None:
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """fn() in a daemon thread: its result, or None if it raised or took longer. A store client can
+    wait with no timeout (on a frozen store host, or a port held by something else): that must not
+    hang a rank that is failing anyway."""
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception as exn:
+            log.debug("store: %s", exn)
+
+    worker = threading.Thread(target=run, name="magclip store", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return box[0] if box else None
+
+
+class Heartbeat:
+    """This rank's counter in the launcher's rendezvous store (MASTER_ADDR:MASTER_PORT), bumped
+    every HEARTBEAT_INTERVAL_S by a daemon thread over its own store connection."""
+
+    def __init__(self, store: Any, prefix: str):
+        self.store, self.prefix = store, prefix
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="magclip heartbeat", daemon=True)
+
+    @staticmethod
+    def _connect() -> Any:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            return None
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+
+    @classmethod
+    def start(cls) -> "Heartbeat | None":
+        """None when no store answers: a lost rank is then named by its address only."""
+        store = _within(2 * STORE_TIMEOUT_S, cls._connect)
+        if store is None:
+            return None
+        # one namespace per launch and restart: the launcher's store outlives a restart of the workers
+        prefix = (f"magclip/heartbeat/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+                  f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
+        beat = cls(store, prefix)
+        beat._thread.start()
+        return beat
+
+    def _beat(self) -> None:
+        key = f"{self.prefix}{rank()}"
+        while not self._stop.is_set():
+            try:
+                self.store.add(key, 1)
+            except Exception:  # the store's host is gone: the run is ending anyway
+                return
+            self._stop.wait(HEARTBEAT_INTERVAL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def silent_ranks(self, ranks: list[int]) -> list[int] | None:
+        """The ranks among `ranks` whose counter did not move over 3 intervals (None: no store answered)."""
+        def probe() -> list[int]:
+            reader = self._connect()  # a second connection: the beating thread keeps its own
+            counts = [reader.add(f"{self.prefix}{r}", 0) for r in ranks]
+            time.sleep(3 * HEARTBEAT_INTERVAL_S)
+            later = [reader.add(f"{self.prefix}{r}", 0) for r in ranks]
+            return [r for r, a, b in zip(ranks, counts, later) if a == b]
+
+        return _within(3 * HEARTBEAT_INTERVAL_S + 3 * STORE_TIMEOUT_S, probe)
+
+
+def _lost_ranks(message: str) -> tuple[list[Peer], str]:
+    """The peers that are gone and how that was found out; ([], why not) when none could be named."""
+    me = rank()
+    others = [p for p in _peers if p.rank != me]
+    silent = _heartbeat.silent_ranks([p.rank for p in others]) if _heartbeat is not None else None
+    if silent:
+        return [p for p in others if p.rank in silent], "its heartbeat stopped"
+    named = set(_ADDRESS.findall(message))
+    own = set(_peers[me].addresses) if me < len(_peers) else set()
+    by_address = [p for p in others if named & set(p.addresses) and set(p.addresses) != own]
+    if by_address:
+        return by_address, "the connection error names its host"
+    if silent is not None:
+        return [], "every rank's heartbeat still beats: one is stuck rather than gone, or the network between hosts is cut"
+    return [], "no heartbeat could be read: the launcher's store, on the main node, may be what was lost"
+
+
+@contextmanager
+def naming_lost_ranks(where: Callable[[], str] | str) -> Iterator[None]:
+    """A communication error inside becomes a PeerLostError naming the lost rank(s), this rank,
+    where it happened and what to do; other errors pass unchanged."""
+    try:
+        yield
+    except PeerLostError:
+        raise
+    except Exception as exn:
+        text = str(exn)
+        communication = isinstance(exn, getattr(dist, "DistError", ())) or (
+            isinstance(exn, RuntimeError) and _COMMUNICATION.search(text) is not None)
+        if not communication or not is_distributed():
+            raise
+        place = where() if callable(where) else where
+        first = re.sub(r"\. This is typically caused.*", "", " ".join(text.strip().splitlines()[:1]))[:400]
+        me = _peers[rank()] if rank() < len(_peers) else Peer(rank(), socket.gethostname(), ())
+        lost, how = _lost_ranks(text)
+        stop_heartbeat()
+        if lost:
+            msg = (f"{me} lost {', '.join(map(str, lost))} during {place}: {how}; the collective failed with: "
+                   f"{first or type(exn).__name__}. A multi-node run cannot go on without it: restart every node "
+                   "with train.resume=latest")
+        else:
+            msg = f"{me}: a collective failed during {place} ({how}; see the other nodes' logs): {first}"
+        raise PeerLostError(msg) from exn

@@ -10,7 +10,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def umask_mode(kind: str = "file") -> int:
@@ -21,20 +21,25 @@ def umask_mode(kind: str = "file") -> int:
     return (0o777 if kind == "dir" else 0o666) & ~mask
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def atomic_write_with(path: str | Path, write: Callable[[str], None]) -> None:
+    """`write(temp_path)` writes the file's content; it is synced and renamed onto `path` only when complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, umask_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        os.close(fd)
+        write(tmp)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    atomic_write_with(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -51,21 +56,9 @@ def atomic_write_jsonl(path: str | Path, records: Any) -> None:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, umask_mode())
-    os.close(fd)
     import torch  # here, not at the top: configs and files are handled before torch is imported
 
-    try:
-        torch.save(obj, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
 
 
 def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:

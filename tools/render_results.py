@@ -3,8 +3,9 @@
     python tools/render_results.py                      # docs/results.template.md -> docs/results.md
     python tools/render_results.py --check              # exit 1 if docs/results.md is not the rendering
 
-Placeholders ({{num FILE KEY}}, {{grid FILE ROW COLUMN}}, {{include FILE}}) are documented in
-magclip/experiments/results_page.py. Regenerate the JSON files first (the commands are in the template).
+Placeholders ({{num FILE KEY}}, {{grid FILE ROW COLUMN}}, {{diff FILE ROW:BASE COLUMN}}, {{include FILE}})
+are documented in magclip/experiments/results_page.py. Regenerate the JSON files first (the commands are
+in the template).
 """
 
 import argparse

@@ -26,9 +26,10 @@ def _expected(exn: BaseException) -> int | None:
                         PermissionError)):
         return BAD_INPUT_EXIT
     if "magclip.training.engine" in sys.modules:  # only a run that trained can fail this way
+        from magclip.distributed import PeerLostError
         from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
 
-        if isinstance(exn, (NonFiniteLossError, CheckpointWriteError)):
+        if isinstance(exn, (NonFiniteLossError, CheckpointWriteError, PeerLostError)):
             return RUN_FAILED_EXIT
     return None
 

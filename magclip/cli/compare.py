@@ -6,20 +6,28 @@
     python eval/compare.py --grid configs/compare/synthetic.yaml --only-report --report docs/results_synthetic.md
     python eval/compare.py --grid configs/compare/clip_emoji.yaml
     python eval/compare.py --grid configs/compare/synthetic.yaml --output-dir /tmp/smoke train.max_steps=2
+    python eval/compare.py --grid configs/compare/clip_emoji_seeds.yaml --only-report --report docs/results_emoji_seeds.md
 
-Cells run one after another as subprocesses (`python train/clip.py --config BASE k=v ...`), from the
-current directory (run from the repository root); a finished cell (its results.json exists) is
-skipped, so re-running after a kill finishes only the missing cells, and an interrupted cell
-restarts (overwrite=true) or continues from its last checkpoint (train.resume=latest). Extra
-positional `key=value` overrides go to every cell (and change its spec: cells finished without
-them are reported as stale). --print-commands prints the pending cells' commands for a cluster
-scheduler (one line per cell, run from the repository root) and runs nothing.
+Cells run one after another as subprocesses (`python train/clip.py --config BASE k=v ...`), or
+--jobs N at a time, from the current directory (run from the repository root); a finished cell
+(its results.json exists) is skipped, so re-running after a kill finishes only the missing
+cells, and an interrupted cell restarts (overwrite=true) or continues from its last checkpoint
+(train.resume=latest). Extra positional `key=value` overrides go to every cell (and change its
+spec: cells finished without them are reported as stale). --print-commands prints the pending
+cells' commands for a cluster scheduler (one line per cell, run from the repository root) and
+runs nothing.
 
 Writes <output_dir>/compare.md (the table: one row per setting, mean ± std over the aggregated
 axes -- seeds -- with the best row per column in bold), compare.csv (the same numbers), cells.csv
-(one row per cell), compare.json, plots/*.png (a bar chart per column + overview.png), and
-prints the table. --report PATH writes the Markdown section also to PATH (plot links relative
-to it) for docs/results.md to include. The grid format is documented in magclip/experiments/grid.py.
+(one row per cell), compare.json, plots/*.png (a bar chart per column, overview.png and
+differences.png), and
+prints the table. Below it, every row's difference to the baseline row (the grid's `baseline:`,
+else the first row) per ranked column: paired by seed, with a 95 % CI over seeds, a 95 % CI and
+permutation p over the evaluation queries when the runs kept per-query ranks (results.ranks.npz),
+a verdict, and the minimum detectable effect (magclip/experiments/stats.py). --report PATH writes
+the Markdown section also to PATH (plot links relative to it), with PATH's .json beside it, for
+docs/results.md to include; a PATH that records more finished runs than this report is refused
+(exit 2) unless --overwrite-report. The grid format is documented in magclip/experiments/grid.py.
 """
 
 from __future__ import annotations
@@ -46,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="with --print-commands: finished cells too")
     parser.add_argument("--only-report", action="store_true", help="run nothing; collect what is there")
     parser.add_argument("--max-cells", type=int, default=None, help="run at most N unfinished cells")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cells run at the same time (default 1; more: parallel processes sharing the machine)")
     parser.add_argument("--report", default=None, help="also write the Markdown section to this file")
+    parser.add_argument("--overwrite-report", action="store_true",
+                        help="replace --report even when it records more finished runs than this report")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG bar plots")
     parser.add_argument("--no-validate", action="store_true",
                         help="skip loading every cell's config before running (done by default)")
@@ -69,11 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     if not args.only_report:
         signal.signal(signal.SIGTERM, _terminate)
-        outcome = run_grid(grid, max_cells=args.max_cells)
+        outcome = run_grid(grid, max_cells=args.max_cells, jobs=args.jobs)
         failed = outcome["failed"]
-    written = write_report(grid, report=args.report, plots=not args.no_plots)
+    written = write_report(grid, report=args.report, plots=not args.no_plots, overwrite_report=args.overwrite_report)
     print()
     print(written["table"])
+    if written["comparison_table"]:
+        print()
+        print(written["comparison_table"])
     for key, cells in unresolved_columns(written["records"]).items():
         print(f"warning: column {key!r} has no number in finished cells: {', '.join(cells)}")
     print(f"\nreport: {written['markdown']}  csv: {written['csv']}  per cell: {written['cells_csv']}")

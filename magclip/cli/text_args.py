@@ -7,6 +7,7 @@ imports torch and the model code only after that (`load_model_and_scorers`).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +35,8 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passage-prefix", default=None)
     parser.add_argument("--query-max-length", type=int, default=None)
     parser.add_argument("--passage-max-length", type=int, default=None)
-    parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                        help="encoding progress bars (default: on when stderr is a terminal)")
 
 
 def check_paths(paths: Iterable[str], flag: str) -> None:

@@ -4,9 +4,11 @@
     python train/clip.py name=qnorm loss.i2t=qnorm loss.t2i=qnorm train.epochs=2
     python train/clip.py --config configs/clip/emoji.yaml name=emoji_i2t loss.i2t=qnorm loss.t2i=null
     python train/clip.py train.resume=latest
-    torchrun --nproc_per_node 2 train/clip.py                 # 2 processes on CPU (gloo)
+    torchrun --nproc_per_node 2 train/clip.py name=two_procs  # 2 processes on CPU (gloo)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST0:29400 --rdzv-id JOB \\
+        --rdzv-conf is_host=$((R == 0)) train/clip.py --config configs/clip/emoji.yaml   # on each machine R
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml train/clip.py --config configs/clip/emoji.yaml
-    accelerate launch --config_file configs/accelerate/multi_node.yaml --machine_rank 0 --main_process_ip HOST \
+    accelerate launch --config_file configs/accelerate/multi_node.yaml --machine_rank 0 --main_process_ip HOST \\
         train/clip.py --config configs/clip/emoji.yaml
 
 Without --config the built-in defaults are the main job (configs/clip/default.yaml spells them out).

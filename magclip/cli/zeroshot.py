@@ -28,9 +28,14 @@ A plain open_clip model (pretrained tag or local file; random init without --pre
     python eval/zeroshot.py --model tiny-resnet --mode qnorm --emoji ../shared/data/emoji --out /tmp/r.json
 
 --mode overrides both directions (fixed/learnable need --gamma-q and --gamma-d). results.json is
-written atomically once everything is computed; --save-embeddings writes image_features.npy and
-text_features.npy (raw, unnormalized) and keys.txt in sample order (per set in a sub-folder when
-there are several sets; class-text features under classes/).
+written atomically once everything is computed. --save-embeddings DIR writes, in sample order (per set
+in a sub-folder when there are several sets):
+    image_features.npy   [N, D] float32, raw (unnormalized: the Scorer's exponents are applied at scoring)
+    text_features.npy    [N, D] float32, raw (retrieval sets)
+    captions.jsonl       one JSON string per line: the caption each text feature encodes (retrieval sets)
+    keys.txt             the sample keys
+    labels.npy           class index per sample (classification)
+    classes/             class-text features [C, T, D] per template and the class names
 """
 
 from __future__ import annotations

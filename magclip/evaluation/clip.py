@@ -4,6 +4,10 @@ validation and for zero-shot evaluation of a checkpoint.
 Relevance is caption identity: a retrieved item is a hit when it carries the query's caption, so
 identical captions (frequent in the synthetic scenes, and in emoji with two art styles) count as
 one. With unique captions this is exactly open_clip's `get_clip_metrics` in cosine mode.
+
+The metrics come back as a `RetrievalMetrics` (magclip.metrics.ranks): a plain dict of numbers
+that also carries each direction's per-query ranks and a digest of the evaluated keys, which a
+training run writes beside its results.json (`results.ranks.npz`) for paired statistics.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from magclip.metrics.ranks import RetrievalMetrics, items_digest
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import RawCLIP
 from magclip.similarity import Scorer
@@ -39,8 +44,8 @@ def encode_loader(clip: RawCLIP, loader, device: torch.device | str) -> dict[str
 
 
 def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
-                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> dict[str, float]:
-    """R@1/5/10, mean and median rank per direction, chance R@1, counts and mean norms."""
+                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> RetrievalMetrics:
+    """R@1/5/10, mean and median rank per direction, chance R@1, counts and mean norms (+ `.ranks`)."""
     ids = ids_from_labels(list(captions))
     metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
                                 image_ids=ids, text_ids=ids, chunk_size=chunk_size)
@@ -52,10 +57,12 @@ def retrieval_from_features(image_features: Tensor, text_features: Tensor, capti
     return metrics
 
 
-def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device) -> dict[str, float]:
-    """`retrieval_from_features` of every sample of a loader, plus the samples it skipped."""
+def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device) -> RetrievalMetrics:
+    """`retrieval_from_features` of every sample of a loader, plus the samples it skipped; the
+    per-query ranks carry a digest of the loader's keys (so only runs on the same items pair up)."""
     enc = encode_loader(clip, loader, device)
     metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers)
+    metrics.item_digest = items_digest(enc["keys"])
     metrics["skipped_total"] = sum(enc["skipped"].values())
     return metrics
 

@@ -23,6 +23,9 @@ launched as a subprocess, one after another, or printed as shell commands for a 
       - {key: eval_sets.ood_seen.text_to_image_R@1, label: "ood_seen t→i R@1"}
       - {key: val.image_to_text_median_rank, better: min, scale: 1, digits: 0}
       - {key: wall_time_s, better: none, scale: 1, digits: 0}
+    baseline: {loss: cosine}             # the row every other row is compared with (paired differences,
+                                         # 95 % CIs, verdicts: magclip.experiments.stats); default: the
+                                         # first row; `baseline: cosine` when one axis is tabulated
 
 A value of an axis may also replace `base` (`{name: emoji, base: configs/clip/emoji.yaml}`), so a
 dataset axis can switch experiments. Cell names join the axis values, `loss=cosine,seed=0`, in the
@@ -72,7 +75,7 @@ from typing import Any
 import yaml
 
 GRID_KEYS = ("name", "output_dir", "launcher", "base", "overrides", "axes", "aggregate", "scale", "env", "columns",
-             "description")
+             "description", "baseline")
 COLUMN_KEYS = ("key", "label", "scale", "better", "digits")
 BETTER = ("max", "min", "none")
 VALUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -242,6 +245,7 @@ class Grid:
     description: str | None = None
     scale: float = 1.0
     command: str = ""             # the eval/compare.py line that regenerates the report
+    baseline: dict[str, str] | None = None   # table-axis labels of the row the others are compared with
 
     @property
     def table_axes(self) -> list[Axis]:
@@ -441,11 +445,36 @@ def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
                 overrides=_overrides(raw.get("overrides"), "overrides") + list(extra_overrides or []),
                 axes=axes, aggregate=aggregate, columns=columns, steps=steps, results=results,
                 env={str(k): str(v) for k, v in env.items()}, description=raw.get("description"), scale=scale)
+    grid.baseline = _baseline(raw.get("baseline"), grid)
     grid.command = shlex.join(["python", "eval/compare.py", "--grid", where.as_posix() if where else "GRID.yaml",
                                *(["--output-dir", str(output_dir)] if output_dir else []),
                                *(extra_overrides or []), "--only-report"])
     grid.cells()  # placeholders and names resolve
     return grid
+
+
+def _baseline(raw: Any, grid: Grid) -> dict[str, str] | None:
+    """`baseline:` as {table axis: value name}; every table axis must be named (one axis: a bare name)."""
+    if raw is None:
+        return None
+    axes = grid.table_axes
+    if not isinstance(raw, dict):
+        if len(axes) != 1:
+            example = ", ".join(f"{a.name}: ..." for a in axes)
+            raise GridError(f"baseline {raw!r}: name the row by its axes, e.g. {{{example}}}")
+        raw = {axes[0].name: raw}
+    chosen = {str(k): str(v) for k, v in raw.items()}
+    for axis in axes:
+        if axis.name not in chosen:
+            raise GridError(f"baseline {raw!r} does not name axis {axis.name!r}")
+        names = [v.name for v in axis.values]
+        if chosen[axis.name] not in names:
+            raise GridError(f"baseline: axis {axis.name!r} has no value {chosen[axis.name]!r} ({', '.join(names)})")
+    extra = sorted(set(chosen) - {a.name for a in axes})
+    if extra:
+        raise GridError(f"baseline names {extra[0]!r}, which is not a tabulated axis "
+                        f"({', '.join(a.name for a in axes) or 'none'})")
+    return {a.name: chosen[a.name] for a in axes}
 
 
 def validate_cells(grid: Grid) -> None:

@@ -1,5 +1,10 @@
-"""A grid's report: results collected per cell, mean and spread per row, Markdown/CSV tables, plots
-and the rows JSON that docs/results.md looks numbers up in."""
+"""A grid's report: results collected per cell, mean and spread per row, every row's paired
+difference to a baseline row with 95 % CIs and a verdict (magclip.experiments.stats), Markdown/CSV
+tables, plots and the rows JSON that docs/results.md looks numbers up in.
+
+A report written to a file (`--report docs/results_x.md`) never silently replaces a richer one:
+when the file it would replace records more finished runs, `write_report` refuses
+(`ReportRefused`) unless told to overwrite."""
 
 from __future__ import annotations
 
@@ -17,8 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from magclip.experiments import stats
 from magclip.experiments.grid import Column, Grid, format_value
 from magclip.io import atomic_write_json, atomic_write_text
+from magclip.metrics.ranks import DIRECTIONS, ITEMS_KEY, load_ranks, ranks_path
+
+
+class ReportRefused(ValueError):
+    """Writing the report would replace a file that records more finished runs."""
 
 # ----------------------------------------------------------------------------- collecting
 
@@ -107,6 +120,176 @@ def summarize(grid: Grid, records: list[dict[str, Any]] | None = None) -> list[d
             m = r["stats"][col.key].mean
             r["best"][col.key] = best is not None and m is not None and round(m * col.scale, col.digits) == best
     return rows
+
+
+# ----------------------------------------------------------------------------- paired comparisons
+
+# a column whose number is a mean over queries of a retrieval direction: `val.image_to_text_R@1`, `..._mean_rank`
+_PER_QUERY = re.compile(rf"^(?P<where>.+)\.(?P<direction>{'|'.join(DIRECTIONS)})_(?:R@(?P<k>[0-9]+)|mean_rank)$")
+
+
+def per_query_outcomes(col: Column, results_path: str | Path,
+                       cache: dict[Path, Any] | None = None) -> tuple[np.ndarray, str | None] | str:
+    """The per-query outcomes behind a column of one cell: R@k -> 1.0 where rank < k else 0.0, mean
+    rank -> rank + 1, read from the ranks file beside its results file (`results.ranks.npz`), with
+    the digest of the evaluated items. A string says why there are none."""
+    m = _PER_QUERY.match(col.path)
+    if m is None:
+        return "not a per-query metric"
+    where = "metrics" if m["where"] == "val" else m["where"]
+    path = ranks_path(results_path)
+    cache = {} if cache is None else cache
+    if path not in cache:
+        try:
+            cache[path] = load_ranks(path) if path.is_file() else None
+        except (OSError, ValueError) as e:
+            cache[path] = f"unreadable {path.name}: {e}"
+    loaded = cache[path]
+    if not isinstance(loaded, dict):
+        return loaded or "no per-query ranks (runs written before they were kept)"
+    ranks = (loaded.get(where) or {}).get(m["direction"])
+    if ranks is None:
+        return f"no per-query ranks for {where}/{m['direction']}"
+    values = (ranks < int(m["k"])).astype(float) if m["k"] else ranks + 1.0
+    return values, loaded[where].get(ITEMS_KEY)
+
+
+def baseline_labels(grid: Grid, rows: list[dict[str, Any]]) -> dict[str, str] | None:
+    """The row every other row is compared with: the grid's `baseline:`, else the first row."""
+    if grid.baseline:
+        return dict(grid.baseline)
+    return dict(rows[0]["labels"]) if rows and grid.table_axes else None
+
+
+def comparisons(grid: Grid, records: list[dict[str, Any]], rows: list[dict[str, Any]],
+                n_resamples: int = stats.N_RESAMPLES) -> list[dict[str, Any]]:
+    """Every row against the baseline row, per ranked column (better: max/min): cells are paired by
+    their aggregated axes (seed s with seed s); the per-seed differences give the seed-level
+    interval, the per-query outcomes (when every paired cell kept them, on the same items) the
+    item-level one; `stats.compare` gives the verdict. Values are in the column's raw units."""
+    base = baseline_labels(grid, rows)
+    if base is None:
+        return []
+    axes = [a.name for a in grid.table_axes]
+
+    def members(labels: dict[str, str]) -> dict[tuple, dict[str, Any]]:
+        return {tuple(r[a] for a in grid.aggregate): r for r in records
+                if r["finished"] and all(r[a] == labels[a] for a in axes)}
+
+    base_cells = members(base)
+    cache: dict[Path, Any] = {}
+    out = []
+    for row in rows:
+        if row["labels"] == base:
+            continue
+        row_cells = members(row["labels"])
+        for col in grid.columns:
+            if col.better == "none":
+                continue
+            keys = [k for k in base_cells if k in row_cells and base_cells[k]["values"][col.key] is not None
+                    and row_cells[k]["values"][col.key] is not None]
+            if not keys:
+                continue
+            per_seed = [row_cells[k]["values"][col.key] - base_cells[k]["values"][col.key] for k in keys]
+            items, why = None, None
+            per_cell = [(per_query_outcomes(col, base_cells[k]["results"][col.source], cache),
+                         per_query_outcomes(col, row_cells[k]["results"][col.source], cache)) for k in keys]
+            reasons = [o for pair in per_cell for o in pair if isinstance(o, str)]
+            if reasons:
+                why = reasons[0]
+            elif len({(len(o[0]), o[1]) for pair in per_cell for o in pair}) != 1:
+                why = "the runs were evaluated on different items"
+            else:
+                items = np.stack([r[0] - b[0] for b, r in per_cell])
+            cmp = stats.compare(per_seed, items, higher_is_better=col.better == "max", n_resamples=n_resamples)
+            out.append({"labels": row["labels"], "baseline": base, "column": col.key, "seeds": [list(k) for k in keys],
+                        **cmp.to_dict(), "items_unavailable": why})
+    return out
+
+
+def _signed(x: float, scale: float, digits: int) -> str:
+    return f"{x * scale:+.{digits}f}".replace("-", "−")
+
+
+def _interval(lo: float | None, hi: float | None, scale: float, digits: int) -> str:
+    if lo is None or hi is None:
+        return "–"
+    return f"[{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]".replace("-", "−")
+
+
+def format_p(p: float | None) -> str:
+    if p is None:
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None, base: str | None = None,
+                         unit: str = "points") -> str:
+    """One line: "qnorm − cosine = +2.20 points, 95 % CI [a, b] over 5 seeds; ... → verdict"."""
+    scale, digits = col.scale, col.digits
+    head = f"{name} − {base} = " if name and base else ""
+    text = f"{head}{_signed(c['diff'], scale, digits)} {unit}"
+    if c.get("seed_low") is not None:
+        kind = "paired" if c.get("paired", True) else "unpaired"
+        text += f", 95 % CI {_interval(c['seed_low'], c['seed_high'], scale, digits)} ({c['n_seeds']} seeds, {kind})"
+    else:
+        text += f" ({c['n_seeds']} seed{'s' if c['n_seeds'] != 1 else ''})"
+    if c.get("n_items"):
+        text += (f"; over queries {_interval(c['item_low'], c['item_high'], scale, digits)}, "
+                 f"p = {format_p(c['p_items'])} ({c['n_items']} queries × {c['n_seeds']} "
+                 f"seed{'s' if c['n_seeds'] != 1 else ''})")
+    text += f" → {c['verdict']}"
+    if c["verdict"] == stats.NO_DIFFERENCE and c.get("mde") is not None:
+        text += f" (MDE at 80 % power {c['mde'] * scale:.{max(digits - 1, 1)}f} {unit}"
+        if c.get("seeds_for_diff"):
+            text += f"; a true {_signed(c['diff'], scale, digits)} would need {c['seeds_for_diff']} seeds"
+        text += ")"
+    return text
+
+
+def comparison_table(grid: Grid, comps: list[dict[str, Any]]) -> str:
+    """Markdown: one line per (row, ranked column) against the baseline."""
+    cols = {c.key: c for c in grid.columns}
+    axes = [a.name for a in grid.table_axes]
+    head = [*axes, "column", "seeds", "Δ", "95 % CI (seeds)", "95 % CI (queries)", "p (queries)",
+            "MDE (80 % power)", "seeds for Δ", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in comps:
+        col = cols[c["column"]]
+        verdict = f"**{c['verdict']}**" if c["verdict"] in (stats.BETTER, stats.WORSE) else c["verdict"]
+        lines.append("| " + " | ".join([
+            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), _signed(c["diff"], col.scale, col.digits),
+            _interval(c["seed_low"], c["seed_high"], col.scale, col.digits),
+            _interval(c["item_low"], c["item_high"], col.scale, col.digits) if c["n_items"] else "–",
+            format_p(c["p_items"]) if c["n_items"] else "–",
+            "–" if c["mde"] is None else f"{c['mde'] * col.scale:.{col.digits}f}",
+            str(c["seeds_for_diff"] or "–"), verdict]) + " |")
+    return "\n".join(lines)
+
+
+def comparison_notes(grid: Grid, comps: list[dict[str, Any]], base: dict[str, str]) -> list[str]:
+    name = ",".join(f"{k}={v}" for k, v in base.items())
+    n_items = sorted({c["n_items"] for c in comps if c["n_items"]})
+    missing = sorted({c["items_unavailable"] for c in comps if c["items_unavailable"]
+                      and c["items_unavailable"] != "not a per-query metric"})
+    lines = [f"Differences to `{name}` (row − baseline, in the table's units; runs paired by "
+             f"{', '.join(grid.aggregate) or 'cell'}). 95 % CI (seeds): paired t interval of the per-seed differences "
+             "(training noise). 95 % CI (queries): bootstrap over the evaluation queries, each query resampled "
+             "with its outcomes in every seed (evaluation-set noise), and p: paired permutation test"
+             + (f" ({', '.join(map(str, n_items))} queries per seed)" if n_items else "") + ". "
+             "Verdict: better/worse only when every interval excludes 0 on the same side. MDE: the smallest true "
+             "difference this grid would detect with 80 % power (the larger of the seed-level t test's and the "
+             "query-level one); seeds for Δ: seeds per setting for the t test to detect a true difference of the "
+             "observed size with 80 % power."]
+    if missing:
+        lines.append("Query-level statistics unavailable for some comparisons: " + "; ".join(missing) + ".")
+    decided = [c for c in comps if c["verdict"] in (stats.BETTER, stats.WORSE)]
+    tested = [c for c in comps if c["n_seeds"] >= 2]
+    if len(tested) > 1:
+        lines.append(f"{len(decided)} of {len(tested)} comparisons are decided; with {len(tested)} comparisons at 95 % "
+                     f"about {0.05 * len(tested):.1f} would be decided by chance alone if no setting differed "
+                     "(no correction for multiple comparisons is applied).")
+    return lines
 
 
 def _fmt(x: float, digits: int) -> str:
@@ -221,6 +404,50 @@ def write_plots(grid: Grid, rows: list[dict[str, Any]], plot_dir: Path) -> list[
     return paths
 
 
+def write_difference_plot(grid: Grid, comps: list[dict[str, Any]], path: Path) -> Path | None:
+    """differences.png: per compared column, each row's difference to the baseline (dot) with its
+    95 % CI over seeds (thick) and over queries (thin); a dashed line at 0."""
+    shown = [c for c in grid.columns if any(x["column"] == c.key and x["seed_low"] is not None for x in comps)]
+    if not shown:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes_names = [a.name for a in grid.table_axes]
+    n = len(shown)
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig, axs = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 0.45 * max(3, len(comps) // n) * nrows + 1.2),
+                            squeeze=False)
+    for ax, col in zip(axs.flat, shown):
+        mine = [c for c in comps if c["column"] == col.key]
+        for y, c in enumerate(mine):
+            if c["item_low"] is not None:
+                ax.plot([c["item_low"] * col.scale, c["item_high"] * col.scale], [y + 0.15, y + 0.15], color="k",
+                        lw=1.2, zorder=3)
+            if c["seed_low"] is not None:
+                ax.plot([c["seed_low"] * col.scale, c["seed_high"] * col.scale], [y, y], color="tab:blue", lw=3,
+                        alpha=0.6)
+            color = {stats.BETTER: "tab:green", stats.WORSE: "tab:red"}.get(c["verdict"], "black")
+            ax.plot([c["diff"] * col.scale], [y], "o", color=color, zorder=4)
+        ax.axvline(0, color="k", ls="--", lw=0.8)
+        ax.set_yticks(range(len(mine)), [",".join(c["labels"][a] for a in axes_names) for c in mine], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(col.label, fontsize=9)
+    for ax in list(axs.flat)[n:]:
+        ax.axis("off")
+    base = next(iter(comps))["baseline"]
+    fig.suptitle(f"{grid.name}: row − {','.join(f'{k}={v}' for k, v in base.items())} (95 % CI: over seeds "
+                 "blue, over queries black; green/red: better/worse)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def unresolved_columns(records: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Column key -> finished cells whose results have no number at that path."""
     out: dict[str, list[str]] = {}
@@ -231,7 +458,7 @@ def unresolved_columns(records: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def markdown_report(grid: Grid, rows: list[dict[str, Any]], records: list[dict[str, Any]], plots: list[Path],
-                    relative_to: Path) -> str:
+                    relative_to: Path, comps: list[dict[str, Any]] | None = None) -> str:
     """The grid's section for docs: title, provenance, table, notes on the cells, plots."""
     n_cells = len(records)
     done = sum(r["finished"] for r in records)
@@ -267,6 +494,15 @@ def markdown_report(grid: Grid, rows: list[dict[str, Any]], records: list[dict[s
         lines.append("")
     if settings:
         lines += ["Settings: " + "; ".join(settings) + ".", ""]
+    base = baseline_labels(grid, rows)
+    if any(c["n_seeds"] >= 2 or c["n_items"] for c in comps or []):
+        lines += ["### Differences to the baseline", "", comparison_table(grid, comps), ""]
+        for note in comparison_notes(grid, comps, base):
+            lines += [note, ""]
+    elif base is not None and len(rows) > 1:
+        lines += [(f"No differences to the baseline `{','.join(f'{k}={v}' for k, v in base.items())}` with an "
+                   "interval: that needs at least 2 finished seeds per setting, paired with the baseline's, or "
+                   "runs that kept their per-query ranks."), ""]
     missing = [r["cell"] for r in records if not r["finished"]]
     stale = [r["cell"] for r in records if r["stale"]]
     if missing:
@@ -283,41 +519,83 @@ def markdown_report(grid: Grid, rows: list[dict[str, Any]], records: list[dict[s
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(grid: Grid, report: str | Path | None = None, plots: bool = True) -> dict[str, Any]:
-    """Collect every cell's results and write compare.md, compare.csv, cells.csv and plots/*.png under
-    the grid's output_dir (and the Markdown also to `report`, with plot links relative to it)."""
+def finished_in_report(report: Path) -> int | None:
+    """How many finished runs an existing report records (its JSON's rows, else the Markdown's
+    "N/M runs finished" line); None when there is no report or it says nothing."""
+    side = report.with_suffix(".json")
+    try:
+        data = json.loads(side.read_text())
+        return int(sum(int(r.get("finished", 0)) for r in data.get("rows", [])))
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    try:
+        m = re.search(r"([0-9]+)/[0-9]+ runs finished", report.read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def check_report_target(report: str | Path, finished: int, total: int) -> None:
+    """Refuse (ReportRefused) to replace a report that records more finished runs than `finished`."""
+    before = finished_in_report(Path(report))
+    if before is not None and finished < before:
+        raise ReportRefused(
+            f"{report} records {before} finished runs, this report only {finished}/{total} (are the run folders "
+            "here? see the grid's output_dir, or pass --output-dir); refusing to replace the richer report -- "
+            "pass --overwrite-report to replace it anyway")
+
+
+def write_report(grid: Grid, report: str | Path | None = None, plots: bool = True,
+                 overwrite_report: bool = False, n_resamples: int = stats.N_RESAMPLES) -> dict[str, Any]:
+    """Collect every cell's results and write compare.md, compare.csv, cells.csv, compare.json and
+    plots/*.png under the grid's output_dir (and the Markdown also to `report`, with plot links
+    relative to it, and its rows and comparisons to the JSON beside it). A `report` that records
+    more finished runs than this one is refused before anything is written, unless
+    `overwrite_report`."""
     out = grid.output_dir
-    out.mkdir(parents=True, exist_ok=True)
     records = collect(grid)
+    if report is not None and not overwrite_report:
+        check_report_target(report, sum(r["finished"] for r in records), len(records))
+    out.mkdir(parents=True, exist_ok=True)
     rows = summarize(grid, records)
+    comps = comparisons(grid, records, rows, n_resamples=n_resamples)
     plot_paths = write_plots(grid, rows, out / "plots") if plots else []
-    md = markdown_report(grid, rows, records, plot_paths, out)
+    if plots:
+        diff_plot = write_difference_plot(grid, comps, out / "plots" / "differences.png")
+        plot_paths += [diff_plot] if diff_plot else []
+    md = markdown_report(grid, rows, records, plot_paths, out, comps)
     atomic_write_text(out / "compare.md", md)
     write_csv(grid, rows, out / "compare.csv")
     write_cells_csv(grid, records, out / "cells.csv")
     summary_rows = [{"labels": r["labels"], "finished": r["finished"], "cells": r["cells"],
                      "stats": {k: vars(s) for k, s in r["stats"].items()}, "best": r["best"]} for r in rows]
+    cells = [{k: v for k, v in r.items() if k not in ("results", "unresolved")} for r in records]
+    base = baseline_labels(grid, rows)
     atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records,
-                                             "rows": summary_rows})
+                                             "rows": summary_rows, "baseline": base, "comparisons": comps})
     written = {"markdown": out / "compare.md", "csv": out / "compare.csv", "cells_csv": out / "cells.csv",
                "json": out / "compare.json", "plots": plot_paths, "table": markdown_table(grid, rows),
-               "rows": rows, "records": records}
+               "rows": rows, "records": records, "comparisons": comps,
+               "comparison_table": comparison_table(grid, comps) if comps else ""}
     if report is not None:
         report = Path(report)
         # a report lives in docs/ and is committed; run folders are not: it gets its own copy of the
-        # overview plot (the per-column bars stay in the run folder)
+        # overview and differences plots (the per-column bars stay in the run folder)
         shown = []
-        overview = next((p for p in plot_paths if p.name == "overview.png"), None)
-        if overview is not None:
-            report.parent.mkdir(parents=True, exist_ok=True)
-            shown = [report.with_name(f"{report.stem}_overview.png")]
-            shutil.copyfile(overview, shown[0])
-        atomic_write_text(report, markdown_report(grid, rows, records, shown, report.parent))
-        # the rows beside the report: what docs/results.md's {{grid ...}} placeholders read (magclip.experiments.results_page)
+        for plot in plot_paths:
+            if plot.name in ("overview.png", "differences.png"):
+                report.parent.mkdir(parents=True, exist_ok=True)
+                shown.append(report.with_name(f"{report.stem}_{plot.name}"))
+                shutil.copyfile(plot, shown[-1])
+        atomic_write_text(report, markdown_report(grid, rows, records, shown, report.parent, comps))
+        # beside the report: the rows, each cell's values and the comparisons -- what docs/results.md's
+        # {{grid ...}} and {{diff ...}} placeholders read (magclip.experiments.results_page)
         atomic_write_json(report.with_suffix(".json"), {"grid": str(grid.path) if grid.path else None,
-                                                        "rows": summary_rows})
+                                                        "rows": summary_rows, "cells": cells, "baseline": base,
+                                                        "comparisons": comps})
         written["report"] = report
     return written
 
 
-__all__ = ["collect", "lookup", "markdown_table", "summarize", "unresolved_columns", "write_report"]
+__all__ = ["ReportRefused", "check_report_target", "collect", "comparisons", "lookup", "markdown_table",
+           "per_query_outcomes", "summarize", "unresolved_columns", "write_report"]

@@ -15,6 +15,22 @@ Placeholders (paths relative to the repository root):
                                                 written beside `--report`; ROW: its labels as
                                                 `loss=cosine`, several joined by ','; COLUMN: the
                                                 column key); `pm` appends ± the std over seeds
+    {{diff FILE ROW:BASE COLUMN [xSCALE] [.DIGITS] [min] [FIELD]}}
+                                                a grid row's difference to another row (ROW − BASE,
+                                                labels as for `grid`) with its 95 % CIs and verdict:
+                                                the report's precomputed paired comparison when
+                                                FILE has it, else computed here: paired by seed from
+                                                the per-cell values (`cells`) when FILE keeps them,
+                                                else from the two rows' mean/std/n (unpaired: older
+                                                reports kept no per-seed values). `min`: lower is
+                                                better. FIELD: `line` (default: the whole computed
+                                                statement), `short` (difference, CI, verdict), `diff`,
+                                                `ci`, `verdict`, `mde`, `seeds` (seeds a true
+                                                difference of this size needs), `seeds@EFFECT` (seeds
+                                                to detect EFFECT, in the file's units, at the
+                                                observed seed-to-seed sd), `qmde` (the MDE of the
+                                                query-level test alone), `sd` (of the per-seed
+                                                differences), `n` (seeds)
     {{text FILE KEY}}                           a string (or flag) of a JSON file, e.g. a recommended mode
     {{include FILE [+N]}}                       a file's text (a generated grid report); +N demotes
                                                 its Markdown headings by N levels
@@ -30,7 +46,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from magclip.experiments.report import lookup
+from magclip.experiments import stats
+from magclip.experiments.grid import Column
+from magclip.experiments.report import comparison_statement, lookup
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 
@@ -77,6 +95,8 @@ def render(template: str, root: str | Path = ".") -> str:
             if not isinstance(value, (str, bool, int)):
                 raise RenderError(f"{args[0]}: key {args[1]!r} holds {value!r}, not a word")
             return str(value)
+        if kind == "diff" and len(args) >= 3:
+            return _diff(load(args[0]), args[0], args[1], args[2], args[3:])
         if kind == "grid" and len(args) >= 3:
             stats = _grid_stats(load(args[0]), args[0], args[1], args[2])
             return _format(stats["mean"], stats.get("std"), args[3:])
@@ -94,6 +114,97 @@ def _grid_stats(data: dict[str, Any], name: str, row: str, column: str) -> dict[
                 raise RenderError(f"{name}: row {row!r} has no number for column {column!r}")
             return stats
     raise RenderError(f"{name}: no row {row!r} (rows: {', '.join(_row_name(r) for r in data.get('rows', []))})")
+
+
+DIFF_FIELDS = ("line", "short", "diff", "ci", "verdict", "mde", "qmde", "sd", "seeds", "n")
+
+
+def _labels(spec: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
+
+
+def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list[str]) -> str:
+    if ":" not in rows:
+        raise RenderError(f"diff {name}: {rows!r} must be ROW:BASE, e.g. loss=qnorm:loss=cosine")
+    row, base = rows.split(":", 1)
+    fields = [o for o in options if o in DIFF_FIELDS or re.fullmatch(r"seeds@[0-9.e+-]+", o)]
+    field = fields[0] if fields else "line"
+    lower = "min" in options
+    rest = [o for o in options if o not in fields and o != "min"]
+    scale, digits = 1.0, 2
+    for opt in rest:
+        if re.fullmatch(r"x[0-9.e+-]+", opt):
+            scale = float(opt[1:])
+        elif re.fullmatch(r"\.[0-9]+", opt):
+            digits = int(opt[1:])
+        else:
+            raise RenderError(f"diff: unknown option {opt!r} (use xSCALE, .DIGITS, min, seeds@EFFECT or one of "
+                              f"{', '.join(DIFF_FIELDS)})")
+    want, want_base = _labels(row), _labels(base)
+    found = [c for c in data.get("comparisons") or [] if c["column"] == column
+             and all(str(c["labels"].get(k)) == v for k, v in want.items())
+             and all(str(c["baseline"].get(k)) == v for k, v in want_base.items())]
+    if found:
+        c = found[0]
+    else:
+        c = _paired_from_cells(data, want, want_base, column, not lower)
+        if c is None:
+            a = _grid_stats(data, name, base, column)
+            b = _grid_stats(data, name, row, column)
+            c = stats.compare_summary(a, b, higher_is_better=not lower).to_dict()
+    col = Column(key=column, label=column, scale=scale, digits=digits)
+    if field == "line":
+        return comparison_statement(c, col)
+    if field == "short":
+        text = f"{c['diff'] * scale:+.{digits}f}".replace("-", "−") + " points"
+        if c.get("seed_low") is not None:
+            low, high = c["seed_low"] * scale, c["seed_high"] * scale
+            text += f", 95 % CI [{low:.{digits}f}, {high:.{digits}f}]".replace("-", "−")
+        text += f" ({c['n_seeds']} seed{'s' if c['n_seeds'] != 1 else ''}"
+        text += f" × {c['n_items']} queries)" if c.get("n_items") else ")"
+        return text + f" → {c['verdict']}"
+    if field == "sd":
+        return "n/a" if c.get("seed_sd") is None else f"{c['seed_sd'] * scale:.{digits}f}"
+    if field == "qmde":
+        return "n/a" if c.get("item_se") is None else f"{stats.mde_normal(c['item_se']) * scale:.{digits}f}"
+    if field == "diff":
+        return f"{c['diff'] * scale:+.{digits}f}".replace("-", "−")
+    if field == "ci":
+        if c.get("seed_low") is None:
+            return "n/a"
+        return f"[{c['seed_low'] * scale:.{digits}f}, {c['seed_high'] * scale:.{digits}f}]".replace("-", "−")
+    if field == "verdict":
+        return c["verdict"]
+    if field == "mde":
+        return "n/a" if c.get("mde") is None else f"{c['mde'] * scale:.{digits}f}"
+    if field == "seeds":
+        return str(c.get("seeds_for_diff") or "n/a")
+    if field.startswith("seeds@"):
+        sd = c.get("seed_sd")
+        needed = stats.seeds_needed(float(field[6:]), sd, paired=c.get("paired", True)) if sd else None
+        return str(needed or "n/a")
+    return str(c["n_seeds"])
+
+
+def _paired_from_cells(data: dict[str, Any], row: dict[str, str], base: dict[str, str], column: str,
+                       higher_is_better: bool) -> dict[str, Any] | None:
+    """A seed-level paired comparison from the per-cell values a newer report JSON keeps (`cells`),
+    for a pair of rows the report did not compare (e.g. dnorm − qnorm); None without cells."""
+    cells = [c for c in data.get("cells") or [] if c.get("finished")]
+    if not cells or not data.get("rows"):
+        return None
+    table = set(data["rows"][0]["labels"])
+    paired_by = [k for k in cells[0] if k not in table and k not in ("cell", "finished", "stale", "values")]
+
+    def values(labels: dict[str, str]) -> dict[tuple, float]:
+        return {tuple(c[k] for k in paired_by): c["values"].get(column) for c in cells
+                if all(str(c.get(k)) == v for k, v in labels.items()) and c["values"].get(column) is not None}
+
+    a, b = values(base), values(row)
+    keys = [k for k in a if k in b]
+    if not keys:
+        return None
+    return stats.compare([b[k] - a[k] for k in keys], higher_is_better=higher_is_better).to_dict()
 
 
 def _row_name(row: dict[str, Any]) -> str:

@@ -9,12 +9,14 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from magclip.experiments.grid import Grid
+from magclip.experiments.grid import Cell, Grid
 from magclip.io import atomic_write_json
 
 # ----------------------------------------------------------------------------- running
@@ -32,14 +34,20 @@ def grid_commands(grid: Grid, include_finished: bool = False) -> list[str]:
     return lines
 
 
+_LOCK = threading.Lock()            # ran.jsonl and the echo, shared by parallel cells
+_RUNNING: set[subprocess.Popen] = set()
+_STOPPING = threading.Event()      # set when the runner is interrupted: no cell starts another step
+
+
 def _log_event(grid: Grid, **record: Any) -> None:
-    grid.output_dir.mkdir(parents=True, exist_ok=True)
-    path = grid.output_dir / "ran.jsonl"
-    record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **record}
-    torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")  # killed mid-line
-    with open(path, "a") as f:
-        f.write(("\n" if torn else "") + json.dumps(record) + "\n")
-        f.flush()
+    with _LOCK:
+        grid.output_dir.mkdir(parents=True, exist_ok=True)
+        path = grid.output_dir / "ran.jsonl"
+        record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **record}
+        torn = path.is_file() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")  # killed mid-line
+        with open(path, "a") as f:
+            f.write(("\n" if torn else "") + json.dumps(record) + "\n")
+            f.flush()
 
 
 def ran_log(output_dir: str | Path) -> list[dict[str, Any]]:
@@ -56,6 +64,14 @@ def ran_log(output_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _run_command(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
     if argv and argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
@@ -65,19 +81,57 @@ def _run_command(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
         log.flush()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **env})
+        with _LOCK:
+            _RUNNING.add(proc)
         try:
             return proc.wait()
         except BaseException:              # Ctrl-C / SIGTERM of the runner: don't leave the cell running
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
             raise
+        finally:
+            with _LOCK:
+                _RUNNING.discard(proc)
 
 
-def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], None] = print) -> dict[str, list[str]]:
-    """Run the unfinished cells one after another (at most `max_cells`); returns ran/failed/skipped names."""
+def _run_cell(grid: Grid, cell: Cell, i: int, n: int, echo: Callable[[str], None]) -> bool:
+    """The cell's pending steps, one after another; True when all of them succeeded."""
+    def say(text: str) -> None:
+        with _LOCK:
+            echo(text)
+
+    t0 = time.perf_counter()
+    rc = 0
+    for step in cell.steps:
+        if cell.step_done(step):
+            continue
+        if _STOPPING.is_set():
+            return False
+        argv = cell.argv(step, cell.restart_args(step))
+        atomic_write_json(cell.spec_path, cell.spec())
+        say(f"[{i}/{n}] {cell.name}: {shlex.join(argv)}")
+        _log_event(grid, event="start", cell=cell.name, command=argv)
+        rc = _run_command(argv, cell.log_path, grid.env)
+        _log_event(grid, event="end", cell=cell.name, rc=rc, wall_s=round(time.perf_counter() - t0, 2))
+        if rc == 0 and not cell.step_done(step):
+            say(f"  step exited 0 but did not write {cell.path(step.creates)}")
+            rc = -1
+        if rc != 0:
+            break
+    wall = time.perf_counter() - t0
+    if rc == 0:
+        say(f"[{i}/{n}] {cell.name}: done in {wall:.1f} s")
+    else:
+        say(f"[{i}/{n}] {cell.name}: FAILED (exit {rc}) after {wall:.1f} s; log: {cell.log_path}")
+    return rc == 0
+
+
+def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], None] = print,
+             jobs: int = 1) -> dict[str, list[str]]:
+    """Run the unfinished cells (at most `max_cells`), `jobs` at a time (1: one after another; more:
+    parallel processes, e.g. several small runs sharing one accelerator); returns ran/failed/skipped
+    names, in the grid's cell order."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     grid.output_dir.mkdir(parents=True, exist_ok=True)
     cells = grid.cells()
     todo = [c for c in cells if not c.finished]
@@ -88,30 +142,27 @@ def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], Non
                  "it is kept -- delete its run directory to re-run it")
     if max_cells is not None:
         todo = todo[:max_cells]
-    echo(f"grid {grid.name}: {len(cells)} cells, {len(skipped)} finished, running {len(todo)}")
-    ran, failed = [], []
-    for i, cell in enumerate(todo, 1):
-        t0 = time.perf_counter()
-        rc = 0
-        for step in cell.steps:
-            if cell.step_done(step):
-                continue
-            argv = cell.argv(step, cell.restart_args(step))
-            atomic_write_json(cell.spec_path, cell.spec())
-            echo(f"[{i}/{len(todo)}] {cell.name}: {shlex.join(argv)}")
-            _log_event(grid, event="start", cell=cell.name, command=argv)
-            rc = _run_command(argv, cell.log_path, grid.env)
-            _log_event(grid, event="end", cell=cell.name, rc=rc, wall_s=round(time.perf_counter() - t0, 2))
-            if rc == 0 and not cell.step_done(step):
-                echo(f"  step exited 0 but did not write {cell.path(step.creates)}")
-                rc = -1
-            if rc != 0:
-                break
-        wall = time.perf_counter() - t0
-        if rc == 0:
-            ran.append(cell.name)
-            echo(f"[{i}/{len(todo)}] {cell.name}: done in {wall:.1f} s")
-        else:
-            failed.append(cell.name)
-            echo(f"[{i}/{len(todo)}] {cell.name}: FAILED (exit {rc}) after {wall:.1f} s; log: {cell.log_path}")
-    return {"ran": ran, "failed": failed, "skipped": skipped}
+    echo(f"grid {grid.name}: {len(cells)} cells, {len(skipped)} finished, running {len(todo)}"
+         + (f", {jobs} at a time" if jobs > 1 else ""))
+    _STOPPING.clear()
+    if jobs == 1:
+        ok = [_run_cell(grid, cell, i, len(todo), echo) for i, cell in enumerate(todo, 1)]
+    else:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        futures = []
+        try:
+            futures = [pool.submit(_run_cell, grid, cell, i, len(todo), echo) for i, cell in enumerate(todo, 1)]
+            ok = [f.result() for f in futures]
+        except BaseException:              # Ctrl-C / SIGTERM: stop every running cell, start no other
+            _STOPPING.set()
+            for f in futures:
+                f.cancel()
+            with _LOCK:
+                running = list(_RUNNING)
+            for proc in running:
+                _stop(proc)
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+    return {"ran": [c.name for c, good in zip(todo, ok) if good],
+            "failed": [c.name for c, good in zip(todo, ok) if not good], "skipped": skipped}

@@ -13,19 +13,33 @@ Relevance is defined by integer ids: document j is relevant to query i iff
 image (CLIP_benchmark's definition: an image query is a hit at k if ANY of its captions is in the
 top k). To score caption identity (duplicate captions count as one), give both sides ids of the
 caption string via `ids_from_labels`.
+
+Per-query outcomes. `retrieval_metrics` returns a `RetrievalMetrics` (magclip.metrics.ranks): the
+plain dict of numbers (what results.json and metrics.jsonl record) that also carries the per-query
+ranks behind them in `.ranks`, so paired statistics can compare two runs query by query (R@k of one
+query = rank < k); magclip.metrics.ranks writes and reads them beside a results file.
 """
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from magclip.metrics.ranks import (  # noqa: F401  (the per-query ranks' file format, re-exported)
+    DIRECTIONS,
+    ITEMS_KEY,
+    RetrievalMetrics,
+    compact,
+    items_digest,
+    load_ranks,
+    ranks_path,
+    save_per_query_ranks,
+    save_ranks,
+)
 from magclip.similarity import Scorer
-
-DIRECTIONS = ("image_to_text", "text_to_image")
 
 
 def ids_from_labels(labels: Sequence[Hashable]) -> Tensor:
@@ -132,6 +146,29 @@ def rank_metrics(ranks: Tensor, prefix: str, ks: Iterable[int] = (1, 5, 10)) -> 
     return metrics
 
 
+def retrieval_ranks(
+    image_features: Tensor,
+    text_features: Tensor,
+    *,
+    i2t: Scorer | None,
+    t2i: Scorer | None,
+    image_ids: Tensor | None = None,
+    text_ids: Tensor | None = None,
+    chunk_size: int = 1024,
+) -> dict[str, Tensor]:
+    """Direction -> 0-based rank of each query's first relevant item (`ranks_of_first_relevant`), for
+    the directions that have a scorer."""
+    image_ids, text_ids = _default_ids(len(image_features), len(text_features), image_ids, text_ids)
+    ranks = {}
+    for prefix, scorer, queries, docs, q_ids, d_ids in (
+        ("image_to_text", i2t, image_features, text_features, image_ids, text_ids),
+        ("text_to_image", t2i, text_features, image_features, text_ids, image_ids),
+    ):
+        if scorer is not None:
+            ranks[prefix] = ranks_of_first_relevant(queries, docs, scorer, q_ids, d_ids, chunk_size=chunk_size)
+    return ranks
+
+
 def retrieval_metrics(
     image_features: Tensor,
     text_features: Tensor,
@@ -142,22 +179,19 @@ def retrieval_metrics(
     text_ids: Tensor | None = None,
     ks: Iterable[int] = (1, 5, 10),
     chunk_size: int = 1024,
-) -> dict[str, float]:
+) -> RetrievalMetrics:
     """Image->text (queries = images, scorer `i2t`) and text->image (queries = texts, scorer `t2i`).
 
     Keys as in open_clip's get_clip_metrics ("image_to_text_R@1", ...); a direction whose scorer is
-    None is omitted. ids default to arange, i.e. text i is the one caption of image i.
+    None is omitted. ids default to arange, i.e. text i is the one caption of image i. The per-query
+    ranks ride along in `.ranks` (see `RetrievalMetrics`).
     """
-    image_ids, text_ids = _default_ids(len(image_features), len(text_features), image_ids, text_ids)
     ks = tuple(ks)
-    metrics: dict[str, float] = {}
-    for prefix, scorer, queries, docs, q_ids, d_ids in (
-        ("image_to_text", i2t, image_features, text_features, image_ids, text_ids),
-        ("text_to_image", t2i, text_features, image_features, text_ids, image_ids),
-    ):
-        if scorer is not None:
-            ranks = ranks_of_first_relevant(queries, docs, scorer, q_ids, d_ids, chunk_size=chunk_size)
-            metrics.update(rank_metrics(ranks, prefix, ks))
+    metrics = RetrievalMetrics()
+    for prefix, ranks in retrieval_ranks(image_features, text_features, i2t=i2t, t2i=t2i, image_ids=image_ids,
+                                         text_ids=text_ids, chunk_size=chunk_size).items():
+        metrics.update(rank_metrics(ranks, prefix, ks))
+        metrics.ranks[prefix] = compact(ranks.numpy())
     return metrics
 
 

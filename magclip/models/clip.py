@@ -20,8 +20,8 @@ work after `register_model_configs()`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import io
 import json
 import logging
 import math
@@ -30,14 +30,15 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import open_clip
 import torch
 from safetensors import SafetensorError
 from torch import Tensor, nn
+from torchvision import transforms
 
-from magclip.io import atomic_write_bytes, load_error
+from magclip.io import atomic_write_bytes, atomic_write_with, load_error
 
 __all__ = [
     "CHECKPOINT_META",
@@ -49,6 +50,7 @@ __all__ = [
     "resolve_config",
     "save_checkpoint_for_open_clip",
     "save_open_clip_folder",
+    "uint8_transform",
     "weights_file",
 ]
 
@@ -66,6 +68,7 @@ PKG_PREFIX = "pkg:"
 
 _registered: dict[str, Path] = {}  # model name -> JSON file handed to open_clip
 _unavailable: dict[str, str] = {}  # model name -> why it could not be registered
+_said_from_scratch: set[str] = set()
 
 
 class RawCLIP(nn.Module):
@@ -77,16 +80,29 @@ class RawCLIP(nn.Module):
     unused parameter would break DDP with `find_unused_parameters=False`.
     """
 
-    def __init__(self, clip: nn.Module) -> None:
+    def __init__(self, clip: nn.Module, image_mean: Sequence[float] | None = None,
+                 image_std: Sequence[float] | None = None) -> None:
         super().__init__()
         self.clip = clip
         for name in ("logit_scale", "logit_bias"):
             p = getattr(clip, name, None)
             if isinstance(p, nn.Parameter):
                 p.requires_grad_(False)
+        # uint8 images (see `uint8_transform`) are normalised here, on the model's device; not saved
+        mean = getattr(clip.visual, "image_mean", None) if image_mean is None else image_mean
+        std = getattr(clip.visual, "image_std", None) if image_std is None else image_std
+        self.register_buffer("image_mean", torch.tensor(mean or (0.0,) * 3).view(-1, 1, 1), persistent=False)
+        self.register_buffer("image_std", torch.tensor(std or (1.0,) * 3).view(-1, 1, 1), persistent=False)
+
+    def normalize_images(self, images: Tensor) -> Tensor:
+        """uint8 [B, C, H, W] -> the float input open_clip's transform would have made (ToTensor's /255, then
+        Normalize), bit for bit; float images are taken as already normalised."""
+        if images.dtype != torch.uint8:
+            return images
+        return images.to(self.image_mean.dtype).div(255).sub(self.image_mean).div(self.image_std)
 
     def encode_image(self, images: Tensor) -> Tensor:
-        return self.clip.encode_image(images, normalize=False)
+        return self.clip.encode_image(self.normalize_images(images), normalize=False)
 
     def encode_text(self, texts: Tensor) -> Tensor:
         return self.clip.encode_text(texts, normalize=False)
@@ -102,6 +118,20 @@ class ClipBundle:
     preprocess_val: Callable
     tokenizer: Callable  # list[str] -> LongTensor [B, context_length]
     model_name: str  # name in open_clip's registry (use it to reload a checkpoint)
+
+
+def uint8_transform(preprocess: Callable) -> Callable | None:
+    """open_clip's transform without its last two steps (to-tensor, normalise), ending in a uint8 tensor instead.
+
+    Why: a loader worker then hands over 1 byte per pixel value instead of 4 -- 4x less to pickle across the
+    worker boundary, to pin, and to copy to the device -- and `RawCLIP` normalises on the device with the same
+    arithmetic, so the model sees identical inputs. None when the transform does not end that way.
+    """
+    steps = list(getattr(preprocess, "transforms", []))
+    if len(steps) < 2 or not isinstance(steps[-1], transforms.Normalize) \
+            or type(steps[-2]).__name__ not in ("ToTensor", "MaybeToTensor"):
+        return None
+    return transforms.Compose([*steps[:-2], transforms.PILToTensor()])
 
 
 # ----------------------------------------------------------------------------- configs
@@ -221,9 +251,10 @@ def create_clip(
     """
     name = _resolve_model_name(model)
     try:
-        clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
-            name, pretrained=pretrained, device=device, **model_kwargs
-        )
+        with _from_scratch_said_once(name, pretrained):
+            clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+                name, pretrained=pretrained, device=device, **model_kwargs
+            )
     except (RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exn:
         if pretrained is None or not Path(pretrained).is_file():
             raise
@@ -243,7 +274,32 @@ def create_clip(
     if grad_checkpointing:
         clip.set_grad_checkpointing(True)
     tokenizer = open_clip.get_tokenizer(name)
-    return ClipBundle(RawCLIP(clip), preprocess_train, preprocess_val, tokenizer, name)
+    normalize = next((t for t in getattr(preprocess_val, "transforms", []) if isinstance(t, transforms.Normalize)), None)
+    raw = RawCLIP(clip, *((normalize.mean, normalize.std) if normalize is not None else ()))
+    return ClipBundle(raw.to(device), preprocess_train, preprocess_val, tokenizer, name)
+
+
+@contextlib.contextmanager
+def _from_scratch_said_once(name: str, pretrained: str | None):
+    """open_clip warns "No pretrained weights loaded" for every tower built without weights, as if it were a
+    mistake; a from-scratch run is the usual case here, so it is said once, as information, in our words."""
+    if pretrained or name.startswith(("hf-hub:", "local-dir:")):
+        yield
+        return
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "No pretrained weights loaded" not in record.getMessage()
+
+    root = logging.getLogger()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+    if name not in _said_from_scratch:
+        _said_from_scratch.add(name)
+        log.info("model %s starts from its config's initialisation (no model.pretrained; a Hugging Face text "
+                 "tower still loads its own weights)", name)
 
 
 def _mismatch_summary(message: str, show: int = 3) -> str:
@@ -317,7 +373,8 @@ def save_checkpoint_for_open_clip(
     A ``.safetensors`` suffix writes safetensors, anything else `torch.save`. Atomic.
     """
     clip = _unwrap(model)
-    state = {k: v.detach().cpu() for k, v in clip.state_dict().items()}
+    # tensors stay where they are: the writers move one at a time off the device (no extra whole-model copy)
+    state = {k: v.detach() for k, v in clip.state_dict().items()}
     if logit_scale is not None:
         if not logit_scale > 0:
             raise ValueError(f"logit_scale must be > 0, got {logit_scale}")
@@ -325,11 +382,8 @@ def save_checkpoint_for_open_clip(
         state["logit_scale"] = torch.full_like(old, math.log(logit_scale))
     path = Path(path)
     if path.suffix == ".safetensors":
-        from safetensors.torch import save
+        from safetensors.torch import save  # bytes written by us: a full disk is an OSError naming the file
 
-        data = save({k: v.contiguous() for k, v in state.items()})
+        atomic_write_bytes(path, save({k: v.contiguous() for k, v in state.items()}))
     else:
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getvalue()
-    atomic_write_bytes(path, data)
+        atomic_write_with(path, lambda tmp: torch.save({k: v.cpu() for k, v in state.items()}, tmp))

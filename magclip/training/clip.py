@@ -20,7 +20,7 @@ from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss
-from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder
+from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
 from magclip.similarity import Scorer, evaluation_scorers, make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.engine import Engine, TrainModule, make_accelerator
@@ -101,8 +101,11 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss)).to(accelerator.device)
     num_samples = cfg.data.num_samples or count_samples(train_urls)
 
+    # images cross the worker boundary (and are pinned, and copied to the device) as uint8; RawCLIP normalises
+    train_transform = uint8_transform(bundle.preprocess_train) or bundle.preprocess_train
+
     def make_loader(epoch: int):
-        return build_clip_loader(train_urls, preprocess=bundle.preprocess_train, tokenizer=bundle.tokenizer,
+        return build_clip_loader(train_urls, preprocess=train_transform, tokenizer=bundle.tokenizer,
                                  batch_size=cfg.train.batch_size, num_samples=num_samples, weights=cfg.data.train_weights,
                                  resampled=cfg.data.resampled, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer,
                                  workers=cfg.data.workers, seed=cfg.train.seed, epoch=epoch,

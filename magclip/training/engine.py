@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import threading
@@ -33,16 +34,19 @@ import time
 from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 from torch import nn
 from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
+from magclip.distributed import naming_lost_ranks
 from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
 
 log = logging.getLogger("magclip.training.engine")
@@ -102,8 +106,23 @@ class LoopState:
 
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
+    """accelerate joins the process group that torchrun / `accelerate launch` set up (gloo on CPU, NCCL
+    on GPUs). `train.collective_timeout_s` bounds every collective: a rank whose peer is lost (killed,
+    frozen, cut off) fails after at most that long instead of waiting forever; see
+    magclip.distributed for how the failure names the lost rank. It must exceed the longest time
+    one rank may wait for the others legitimately (main-process evaluation and checkpoints)."""
+    env = os.environ
+    if "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env:
+        # accelerate's simple launcher (`accelerate launch --cpu`, or a config without a multi-process
+        # type) sets MASTER_ADDR only when asked for several processes or machines, and then starts
+        # one process per machine that would train alone
+        raise ValueError("`accelerate launch` started a single process although several processes or machines "
+                         "were asked for: its --cpu launcher starts one process per machine, each training alone. "
+                         "On CPUs use `accelerate launch --multi_gpu ...` (it runs torchrun; gloo, see "
+                         "configs/accelerate/multi_node_cpu.yaml) or torchrun")
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
     return Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision], project_dir=str(run_dir),
-                       cpu=not torch.cuda.is_available())
+                       cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
 
 
 def param_groups(module: nn.Module, weight_decay: float, loss_lr: float | None = None) -> list[dict]:
@@ -177,6 +196,11 @@ class Engine:
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> LoopState:
+        """Train to the last step; a lost rank ends it with a PeerLostError that names that rank."""
+        with naming_lost_ranks(lambda: f"training step {self.state.step + 1}"):
+            return self._fit()
+
+    def _fit(self) -> LoopState:
         if self.cfg.resume:
             if self.acc.is_main_process:
                 self._tidy_interrupted_writes()
@@ -194,7 +218,9 @@ class Engine:
             steps_taken = 0
             for micro_batches in self._steps_of_epoch():
                 steps_taken += 1
-                self._after_step(self._train_step(micro_batches), bar)
+                out = self._train_step(micro_batches)
+                del micro_batches  # no batch outlives its step: the loader fills the next one without it
+                self._after_step(out, bar)
                 if self.state.step >= self.total_steps:
                     break
             if fresh_epoch and steps_taken == 0:
@@ -256,6 +282,7 @@ class Engine:
                 return
             self.state.batches_in_epoch += accum
             yield group
+            del group  # before the next islice: a batch (pinned, on a GPU host) is freed when its step ends
 
     def _train_step(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
         self.model.train()
@@ -272,7 +299,10 @@ class Engine:
             self.acc.backward(out["loss"])
         else:
             out = self._accumulated_backward(micro_batches)
-        self._log_features = features if len(micro_batches) == 1 else None
+        logged = (self.state.step + 1) % self.cfg.log_every == 0 or self.state.step + 1 == self.total_steps
+        # mean feature norms for the log, kept as 0-d tensors (no device sync) and only on logged steps
+        self._log_norms = ([f.detach().float().norm(dim=-1).mean() for f in features]
+                           if logged and len(micro_batches) == 1 else None)
         grad_norm = self._clip_gradients()
         if torch.isfinite(out["loss"]) and math.isfinite(grad_norm):
             self.optimizer.step()
@@ -342,7 +372,8 @@ class Engine:
                 metrics = self.evaluate(self.unwrapped, self.state.step)
             self._write_metrics({"step": self.state.step, "epoch": self.state.epoch,
                                  **{f"val/{k}": v for k, v in metrics.items()}})
-        self.acc.wait_for_everyone()
+        with naming_lost_ranks(f"the evaluation after step {self.state.step}"):
+            self.acc.wait_for_everyone()
         return metrics
 
     def _open_logs(self) -> None:
@@ -361,9 +392,9 @@ class Engine:
                                   "lr": self.scheduler.get_last_lr()[0], "samples_per_s": samples_per_s}
         record.update({k: float(v.detach()) for k, v in out.items()})
         record.update(self.unwrapped.log_state())
-        if self._log_features is not None:
-            for name, f in zip(self.unwrapped.feature_names, self._log_features):
-                record[f"norm_{name}"] = float(f.detach().float().norm(dim=-1).mean())
+        if self._log_norms is not None:
+            for name, norm in zip(self.unwrapped.feature_names, self._log_norms):
+                record[f"norm_{name}"] = float(norm)
         skipped = self.reduce_counts(self.state.skipped_samples)
         record["skipped"] = dict(skipped)
         record["skipped_total"] = sum(skipped.values())
@@ -385,11 +416,9 @@ class Engine:
         if self.acc.num_processes == 1:
             return Counter(counts)
         gathered = [None] * self.acc.num_processes
-        torch.distributed.all_gather_object(gathered, dict(counts))
-        total: Counter = Counter()
-        for c in gathered:
-            total.update(c)
-        return total
+        with naming_lost_ranks("the sum of skipped samples over ranks"):
+            torch.distributed.all_gather_object(gathered, dict(counts))
+        return _sum_counts(gathered)
 
     def close(self) -> None:
         if self._metrics_file is not None:
@@ -402,13 +431,14 @@ class Engine:
         """checkpoints/step_N/{the task's model files, state.pt}, written in a temp dir and renamed; then `latest`
         points at it."""
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
+        skips_by_rank = self._skips_by_rank()  # every rank calls this; a resume gives each rank its own counts back
         if self.acc.is_main_process:
             tmp = self.ckpt_dir / f".tmp_step_{self.state.step:08d}"
             try:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
                 self.save_model(self.unwrapped, tmp)
-                atomic_torch_save(self._training_state(), tmp / "state.pt")
+                atomic_torch_save(self._training_state(skips_by_rank), tmp / "state.pt")
                 publish_dir(tmp, final)
                 atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")
             except BaseException as exn:
@@ -444,14 +474,24 @@ class Engine:
             else:
                 junk.unlink(missing_ok=True)
 
-    def _training_state(self) -> dict[str, Any]:
+    def _skips_by_rank(self) -> list[dict[str, int]]:
+        """Each rank's skip counts (they differ: each rank reads its own shards), in rank order."""
+        mine = dict(self.state.skipped_samples)
+        if self.acc.num_processes == 1:
+            return [mine]
+        gathered: list[Any] = [None] * self.acc.num_processes
+        torch.distributed.all_gather_object(gathered, mine)
+        return gathered
+
+    def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None) -> dict[str, Any]:
         return {
             "module": {k: v for k, v in self.unwrapped.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
             "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
-                     "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples)},
+                     "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples),
+                     "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)]},
             "rng": _get_rng_state(),
         }
 
@@ -478,10 +518,27 @@ class Engine:
             self.acc.scaler.load_state_dict(state["scaler"])
         loop = state["loop"]
         self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
-                               samples_seen=loop["samples_seen"], skipped_samples=Counter(loop["skipped_samples"]))
+                               samples_seen=loop["samples_seen"], skipped_samples=self._own_skips(loop))
         _set_rng_state(state["rng"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batches_in_epoch)
+
+    def _own_skips(self, loop: dict[str, Any]) -> Counter:
+        """This rank's skip counts from a checkpoint: its own entry when the world size is unchanged; with
+        another world size the main process takes the total (the sum over ranks stays right)."""
+        by_rank = loop.get("skipped_samples_by_rank")
+        if not by_rank:  # a checkpoint written before per-rank counts were kept
+            return Counter(loop["skipped_samples"])
+        if len(by_rank) == self.acc.num_processes:
+            return Counter(by_rank[self.acc.process_index])
+        return _sum_counts(by_rank) if self.acc.is_main_process else Counter()
+
+
+def _sum_counts(counts: Iterable[dict[str, int]]) -> Counter:
+    total: Counter = Counter()
+    for c in counts:
+        total.update(c)
+    return total
 
 
 def close_within(close: Callable[[], None], seconds: float, what: str) -> None:

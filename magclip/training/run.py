@@ -1,9 +1,17 @@
 """The run skeleton shared by the CLIP and text trainers: the run folder, its config, where the
-final checkpoint is, and the part of results.json that every run records."""
+final checkpoint is, and the part of results.json that every run records.
+
+In a multi-process run (several GPUs, several nodes) the ranks first agree on the config: the
+run's first collective exchanges every rank's resolved config, and a rank started with another
+value (a batch size, a run folder, a data path) stops the run on every node before anything is
+written, with an error that names the key, its values and the ranks and hosts that hold them."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
+import logging
 import os
 import shutil
 import socket
@@ -14,11 +22,16 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from magclip.config import dump_config
+from magclip import distributed
+from magclip.config import ConfigError, dump_config, to_dict
 from magclip.io import atomic_write_json, umask_mode
+from magclip.metrics.ranks import save_per_query_ranks
 from magclip.training.engine import Engine, LoopState
 
 LOCK_FILE = ".magclip.lock"  # "pid host" of the process that trains into the folder
+HOST_KEYS = ("train.threads",)  # may differ between ranks: each host's own cores
+
+log = logging.getLogger("magclip.run")
 
 
 class RunDirBusyError(FileExistsError):
@@ -28,7 +41,9 @@ class RunDirBusyError(FileExistsError):
 def prepare_run_dir(cfg: Any, accelerator: Accelerator) -> Path:
     """The run folder `output_dir/name`, claimed for this run: a folder another live process trains
     into is refused at once, naming it; a finished or started run is never replaced unless
-    `overwrite=true`; a resume keeps it. Every process waits until the main one has decided."""
+    `overwrite=true`; a resume keeps it. Every process waits until the main one has decided.
+    Before any of it, every rank must have the same config (`check_same_config`)."""
+    check_same_config(cfg, accelerator)
     run_dir = cfg.run_dir
     if accelerator.is_main_process:
         _refuse_if_busy(run_dir)
@@ -40,8 +55,48 @@ def prepare_run_dir(cfg: Any, accelerator: Accelerator) -> Path:
                     "pass overwrite=true to replace it, train.resume=latest to continue it, or another name=")
             shutil.rmtree(run_dir)
         _claim(run_dir)
-    accelerator.wait_for_everyone()
+    with distributed.naming_lost_ranks("the run folder set-up (the main process's log says why it stopped)"):
+        accelerator.wait_for_everyone()
     return run_dir
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_same_config(cfg: Any, accelerator: Accelerator) -> None:
+    """Every rank must train with the same resolved config (HOST_KEYS excepted). The run's first
+    collective; it also introduces the ranks to each other (hosts, addresses: a lost rank is named
+    by them later). Logs "rank R of W on HOST" on every rank. A difference is a ConfigError on
+    every rank, naming each differing key with its value per rank, before anything is written."""
+    flat = {k: v for k, v in _flatten(to_dict(cfg)).items() if k not in HOST_KEYS}
+    digest = hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    ranks = distributed.introduce({"digest": digest, "config": flat}) if accelerator.num_processes > 1 else []
+    if not ranks:
+        return
+    me = ranks[accelerator.process_index][0]
+    log.info("rank %d of %d on %s (%s): config %s", me.rank, len(ranks), me.host,
+             me.addresses[0] if me.addresses else "no address", digest)
+    if len({p["digest"] for _, p in ranks}) == 1:
+        return
+    missing = "<absent>"
+    keys = sorted({k for _, p in ranks for k in p["config"]})
+    differing = [k for k in keys if len({repr(p["config"].get(k, missing)) for _, p in ranks}) > 1]
+    parts = []
+    for key in differing[:5]:
+        holders: dict[str, list[str]] = {}
+        for peer, p in ranks:
+            holders.setdefault(repr(p["config"].get(key, missing)), []).append(f"{peer.rank} ({peer.host})")
+        parts.append(f"{key} = " + "; ".join(f"{value} on rank {', '.join(where)}" for value, where in holders.items()))
+    more = f" (and {len(differing) - 5} more keys)" if len(differing) > 5 else ""
+    raise ConfigError(f"the ranks of this run were started with different configs: {' | '.join(parts)}{more}; "
+                      "start every node with the same config file and overrides")
 
 
 def _holder(run_dir: Path) -> tuple[int, str] | None:
@@ -107,9 +162,15 @@ def latest_checkpoint(engine: Engine) -> Path:
 
 
 def loop_record(engine: Engine, state: LoopState, skipped: Counter, started: float) -> dict[str, Any]:
-    """What every results.json holds about the loop: steps, epochs, samples, skips, recent loss, time."""
+    """What every results.json holds about the loop: steps, epochs, samples, skips, recent loss, time,
+    and a digest of every rank's final parameters (equal on all ranks: the replicas stayed in step).
+    Every rank must call it."""
+    with distributed.naming_lost_ranks("the comparison of the final weights"):
+        digests = distributed.gather_objects(distributed.parameters_digest(engine.unwrapped))
+    if len(set(digests)) > 1:
+        log.warning("the ranks end with different weights (sha256 by rank: %s)", digests)
     return {"steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
-            "world_size": engine.acc.num_processes, "skipped_samples": dict(skipped),
+            "world_size": engine.acc.num_processes, "weights_sha256_by_rank": digests, "skipped_samples": dict(skipped),
             "train_loss_recent": engine.recent_loss(), "wall_time_s": round(time.perf_counter() - started, 2)}
 
 
@@ -117,7 +178,10 @@ def write_results(results: dict[str, Any], run_dir: Path, accelerator: Accelerat
     """Stamp the date and write results.json atomically (main process); every process returns it."""
     results["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if accelerator.is_main_process:
+        save_per_query_ranks(results, run_dir / "results.json")  # results.ranks.npz, before results.json
         atomic_write_json(run_dir / "results.json", results)
     release_run_dir(run_dir, accelerator)
-    accelerator.wait_for_everyone()
+    with distributed.naming_lost_ranks("the end of the run"):
+        accelerator.wait_for_everyone()
+    distributed.stop_heartbeat()
     return results

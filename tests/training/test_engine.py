@@ -1,6 +1,7 @@
 """The training engine on fixed in-memory batches: accumulation keeps all negatives, 2 processes = 1."""
 
 import json
+import weakref
 import os
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def run_engine(run_dir: Path, batches: list[dict], *, accum: int = 1, mode: str 
     loss_cfg = LossConfig(i2t=mode, t2i="learnable" if mode == "qnorm" else mode)
     module = CLIPTrainModule(create_clip("tiny-vit").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
     engine = Engine(cfg, acc, module, run_dir, lambda epoch: batches, steps_per_epoch=steps,
-                    save_model=lambda m, p: torch.save(m.state_dict(), p))
+                    save_model=lambda m, step_dir: torch.save(m.state_dict(), step_dir / "model.pt"))
     engine.fit()
     engine.close()
     return {k: v.detach().clone() for k, v in engine.unwrapped.state_dict().items()}
@@ -115,3 +116,29 @@ def test_close_does_not_wait_on_a_hung_tensorboard_writer(monkeypatch):
     eng.close()
     assert time.perf_counter() - t0 < 5
     released.set()
+
+
+def test_no_batch_outlives_its_step(tmp_path):
+    """The loader is asked for the next batch only once the previous one is unreachable: on a GPU host a
+    batch is pinned memory, and one kept across the fetch of the next is a second batch of it."""
+    freed: list[bool] = []
+
+    def loader(epoch: int):
+        previous = None
+        for i in range(4):
+            if previous is not None:
+                freed.append(previous() is None)  # refcounting frees at once: no gc.collect() needed
+            batch = collate(fixed_batches(4, seed=i))
+            previous = weakref.ref(batch["images"])
+            yield batch
+            del batch
+
+    torch.manual_seed(0)
+    cfg = TrainConfig(epochs=1, batch_size=4, warmup_steps=0, log_every=1)
+    loss_cfg = LossConfig(i2t="qnorm", t2i="qnorm")
+    module = CLIPTrainModule(create_clip("tiny-vit").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
+    engine = Engine(cfg, make_accelerator(cfg, tmp_path), module, tmp_path, loader, steps_per_epoch=4,
+                    save_model=lambda m, step_dir: None)
+    engine.fit()
+    engine.close()
+    assert freed == [True, True, True], freed
