@@ -323,7 +323,6 @@ def validate(cfg: Any) -> None:
     else:
         return
     _check_train(cfg.train)
-    _check_inputs(cfg)
 
 
 def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
@@ -374,8 +373,9 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest' or a path)")
 
 
-def _check_inputs(cfg: Any) -> None:
-    """Every local input named by the config exists, checked before anything heavy is imported or built."""
+def check_inputs(cfg: Any) -> None:
+    """Every local input a run config names exists: what a command checks before it imports torch or builds
+    anything. Not part of `validate`: a config that names data of another machine still loads."""
     from magclip.data.urls import check_sources_exist
 
     if isinstance(cfg, RunConfig):

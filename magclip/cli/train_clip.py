@@ -23,7 +23,7 @@ import argparse
 import logging
 
 from magclip.cli import as_command
-from magclip.config import load_config
+from magclip.config import check_inputs, load_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.epochs=2")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load_config(args.config, args.overrides)  # bad input is reported before torch is imported
+    cfg = load_config(args.config, args.overrides)
+    check_inputs(cfg)  # bad input is reported before torch is imported
 
     from magclip.distributed import rank
     from magclip.training.clip import format_results_table, train_clip

@@ -32,7 +32,7 @@ import logging
 from pathlib import Path
 
 from magclip.cli import UsageError, as_command
-from magclip.config import load_text_config
+from magclip.config import check_inputs, load_text_config
 
 
 def make_pairs(args) -> None:
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
     if args.make_pairs:
         make_pairs(args)
         return
-    cfg = load_text_config(args.config, args.overrides)  # bad input is reported before torch is imported
+    cfg = load_text_config(args.config, args.overrides)
+    check_inputs(cfg)  # bad input is reported before torch is imported
 
     from magclip.distributed import rank
     from magclip.training.text import format_train_table, train_text
