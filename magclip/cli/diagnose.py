@@ -36,12 +36,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from magclip.cli import UsageError, as_command
-from magclip.diagnostics import fisher as fim
-from magclip.diagnostics.report import format_summary, run_diagnostics
-from magclip.similarity import MODES
+from magclip.data.urls import check_sources_exist
+from magclip.modes import MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (%(default)s)")
     mg.add_argument("--max-samples", type=int, default=2000, help="CLIP: at most this many samples (%(default)s)")
     fi = p.add_argument_group("fisher")
-    fi.add_argument("--fisher-modes", nargs="+", default=list(fim.DEFAULT_MODES), choices=MODES)
-    fi.add_argument("--candidates", nargs="+", default=list(fim.CANDIDATES), help="modes the recommendation picks from")
+    fi.add_argument("--fisher-modes", nargs="+", default=None, choices=MODES,
+                    help="default: cosine, dot, qnorm, dnorm (magclip.diagnostics.fisher.DEFAULT_MODES)")
+    fi.add_argument("--candidates", nargs="+", default=None,
+                    help="modes the recommendation picks from (default: qnorm, dnorm; fisher.CANDIDATES)")
     fi.add_argument("--fisher-pairs", type=int, help="held-out pairs (default 128 CLIP, 48 text)")
     fi.add_argument("--block", nargs="+", default=["projection"],
                     help="'projection' (default), 'all', or regexes of parameter names")
@@ -87,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(norm-length Spearman, Cohen's d within length bins, nDCG@10 by length); 0: off (%(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--out", required=True, help="output folder")
     return p
 
@@ -95,10 +94,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.manual_seed(args.seed)
     chosen = [x for x in (args.text_model, args.checkpoint, args.model) if x]
     if len(chosen) > 1 or (not chosen and not args.metrics):
         raise UsageError("give one of --text-model, --checkpoint or --model (or only --metrics)")
+    for flag in ("checkpoint", "beir", "metrics"):  # local inputs, before torch or a model is loaded
+        value = getattr(args, flag)
+        if value and not Path(value).exists():
+            raise FileNotFoundError(f"--{flag} {value}: not found")
+    if args.data:
+        check_sources_exist(args.data, "--data")
+
+    import torch
+
+    from magclip.diagnostics import fisher as fim
+    from magclip.diagnostics.report import format_summary, run_diagnostics
+
+    torch.manual_seed(args.seed)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.fisher_modes = args.fisher_modes or list(fim.DEFAULT_MODES)
+    args.candidates = args.candidates or list(fim.CANDIDATES)
     res = run_diagnostics(args)
     if res["kind"] != "metrics":
         print(format_summary(res))

@@ -55,6 +55,8 @@ HEAVY = ("torch", "open_clip", "transformers", "webdataset", "accelerate")
     ("rag", ["--data", "/no/such/dir", "--out", "r.json"]),
     ("zeroshot", ["--checkpoint", "/no/such/run", "--data", "x.tar", "--out", "r.json"]),
     ("compare", ["--help"]),
+    ("diagnose", ["--checkpoint", "/no/such/run", "--out", "d"]),
+    ("diagnose", ["--help"]),
 ])
 def test_bad_input_and_help_come_before_any_heavy_import(command, argv, tmp_path):
     """What makes an error fast is that torch, open_clip and the model are not imported before it:
