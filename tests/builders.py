@@ -87,3 +87,20 @@ def make_tiny_bert(folder: Path, seed: int = 0) -> Path:
     BertModel(cfg).eval().save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
     return folder
+
+
+def load_weights(path: Path) -> dict:
+    """A weights file as a state dict: the safetensors a checkpoint holds, or a torch file (weights only)."""
+    import torch
+
+    if path.suffix == ".safetensors":
+        import safetensors.torch
+
+        return safetensors.torch.load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def max_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

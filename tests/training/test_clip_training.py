@@ -20,7 +20,6 @@ from pathlib import Path
 
 import open_clip
 import pytest
-import safetensors.torch
 import torch
 
 from magclip.training import clip as clip_training
@@ -28,7 +27,7 @@ from magclip.models.clip import CHECKPOINT_META, WEIGHTS_FILE
 from magclip.training.clip import train_clip
 from magclip.config import load_config
 from magclip.models.clip import register_model_configs
-from builders import free_port, good, png, write_tar
+from builders import free_port, good, load_weights, max_difference, png, write_tar
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "train" / "clip.py"
@@ -86,17 +85,6 @@ with torch.no_grad():
 assert not [m for m in sys.modules if m.split(".")[0] == "magclip"], "magclip was imported"
 torch.save(features, out + "/plain_features.pt")
 """  # the one line a user of plain open_clip needs: create_model_and_transforms("local-dir:" + step folder)
-
-
-def load_weights(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        return safetensors.torch.load_file(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 def subprocess_env(tmp_path: Path) -> dict[str, str]:

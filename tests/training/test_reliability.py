@@ -32,7 +32,6 @@ from pathlib import Path
 
 import open_clip
 import pytest
-import safetensors.torch
 import torch
 from torchvision import transforms as T
 
@@ -52,7 +51,7 @@ from magclip.models.clip import (
     save_checkpoint_for_open_clip,
 )
 from magclip.evaluation.checkpoint import load_checkpoint, resolve_checkpoint
-from builders import crafted_torch_file, free_port, good, png, write_tar
+from builders import crafted_torch_file, free_port, good, load_weights, max_difference, png, write_tar
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "train" / "clip.py"
@@ -93,17 +92,6 @@ def train_records(run_dir: Path) -> list[dict]:
 
 def latest_name(run_dir: Path) -> str:
     return (run_dir / "checkpoints" / "latest").read_text().strip()
-
-
-def load_weights(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        return safetensors.torch.load_file(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
 def assert_complete_checkpoint(step_dir: Path, step: int) -> None:
