@@ -10,10 +10,21 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 DEBUG_FLAG = "--debug"
 BAD_INPUT_EXIT = 2  # like argparse's usage errors
 RUN_FAILED_EXIT = 1
+
+
+def check_paths(args, *flags: str) -> None:
+    """A FileNotFoundError naming the first path given to one of these flags (a value or a list) that is not
+    there: every command checks its local inputs this way before torch or a model is loaded."""
+    for flag in flags:
+        value = getattr(args, flag)
+        for path in [value] if isinstance(value, str) else value or []:
+            if not Path(path).exists():
+                raise FileNotFoundError(f"--{flag.replace('_', '-')} {path}: not found")
 
 
 class UsageError(ValueError):

@@ -36,7 +36,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from magclip.cli import UsageError, as_command
+from magclip.cli import UsageError, as_command, check_paths
 from magclip.data.urls import check_sources_exist
 from magclip.modes import MODES
 
@@ -97,10 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = [x for x in (args.text_model, args.checkpoint, args.model) if x]
     if len(chosen) > 1 or (not chosen and not args.metrics):
         raise UsageError("give one of --text-model, --checkpoint or --model (or only --metrics)")
-    for flag in ("checkpoint", "beir", "metrics"):  # local inputs, before torch or a model is loaded
-        value = getattr(args, flag)
-        if value and not Path(value).exists():
-            raise FileNotFoundError(f"--{flag} {value}: not found")
+    check_paths(args, "checkpoint", "beir", "metrics")  # local inputs, before torch or a model is loaded
     if args.data:
         check_sources_exist(args.data, "--data")
 

@@ -37,8 +37,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from magclip.cli import as_command
-from magclip.cli.text_args import check_paths, device_of, load_model_and_scorers, model_arguments
+from magclip.cli import as_command, check_paths
+from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
 from magclip.data.beir import doc_text
 from magclip.data.qa import load_distractors, load_qa
 from magclip.io import atomic_write_json
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--k-ctx and --max-new-tokens must be >= 1")
     if args.generator is not None and not Path(args.generator).is_dir():
         parser.error(f"--generator {args.generator}: not a local folder")
-    check_paths(args.distractors, "--distractors")
+    check_paths(args, "distractors")
     datasets = [load_qa(folder, args.split) for folder in args.data]  # bad input fails before the model loads
 
     from magclip.evaluation.rag import PROMPT_TEMPLATE, evaluate_rag, format_rag_table, generate_answers

@@ -18,8 +18,8 @@ import argparse
 import logging
 from dataclasses import asdict
 
-from magclip.cli import as_command
-from magclip.cli.text_args import check_paths, device_of, load_model_and_scorers, model_arguments
+from magclip.cli import as_command, check_paths
+from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
 from magclip.io import atomic_write_json
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", nargs="+", required=True, help="STS folder(s) or TSV file(s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_paths(args.data, "--data")  # before the model loads
+    check_paths(args, "data")  # before the model loads
 
     from magclip.evaluation.text import evaluate_sts_files, format_sts_table
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from magclip.config import POOLINGS
@@ -37,13 +35,6 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passage-max-length", type=int, default=None)
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                         help="encoding progress bars (default: on when stderr is a terminal)")
-
-
-def check_paths(paths: Iterable[str], flag: str) -> None:
-    """A FileNotFoundError naming the first input that is not there, before any model is loaded."""
-    for path in paths:
-        if not Path(path).exists():
-            raise FileNotFoundError(f"{flag} {path}: not found")
 
 
 def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":

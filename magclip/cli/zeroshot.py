@@ -43,9 +43,8 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from pathlib import Path
 
-from magclip.cli import UsageError, as_command
+from magclip.cli import UsageError, as_command, check_paths
 from magclip.data.urls import check_sources_exist
 from magclip.io import atomic_write_json
 from magclip.modes import MODES
@@ -69,10 +68,7 @@ def parse_data(values: list[str]) -> dict[str, str]:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Local inputs exist: named before torch, open_clip or a model is loaded."""
-    for flag in ("checkpoint", "emoji", "classes"):
-        value = getattr(args, flag)
-        if value and not Path(value).exists():
-            raise FileNotFoundError(f"--{flag} {value}: not found")
+    check_paths(args, "checkpoint", "emoji", "classes")
     for name, urls in parse_data(args.data).items():
         check_sources_exist(urls, f"--data {name}")
 
