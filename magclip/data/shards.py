@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 
 from magclip import distributed
-from magclip.data.urls import check_sources_exist, expand_sources, local_path
+from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
 
@@ -566,8 +566,9 @@ def build_clip_loader(
         raise ValueError(f"rank {rank} not in [0, {world_size})")
     if batch_size < 1 or workers < 0:
         raise ValueError(f"batch_size must be >= 1 and workers >= 0, got {batch_size}, {workers}")
-    sources = expand_sources(urls)
-    flat = check_sources_exist(urls)
+    sources = expand_sources(urls)  # once: the per-source lists weight the sources below
+    flat = [u for source in sources for u in source]
+    check_shards_exist(flat)
     source_weights = _parse_weights(weights, len(sources))
     if source_weights is not None and not resampled:
         raise ValueError("weights need resampled=True (without resampling every shard is read once per pass)")

@@ -237,7 +237,7 @@ class Engine:
         bar.update(1)
         self._recent_losses.append(out["loss"].detach())  # kept as tensors: no device sync per step
         step = self.state.step
-        if step % self.cfg.log_every == 0 or step == self.total_steps:
+        if self._logs_at(step):
             now, samples = time.perf_counter(), self.state.samples_seen
             t_last, samples_last = self._rate_mark
             self._rate_mark = (now, samples)
@@ -247,6 +247,10 @@ class Engine:
             self.run_evaluation()
         if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
+
+    def _logs_at(self, step: int) -> bool:
+        """Whether optimizer step `step` (1-based) is written to metrics.jsonl."""
+        return step % self.cfg.log_every == 0 or step == self.total_steps
 
     def recent_loss(self) -> float | None:
         """Mean training loss (this rank) over the last RECENT_LOSS_STEPS steps: where training ended up."""
@@ -299,7 +303,7 @@ class Engine:
             self.acc.backward(out["loss"])
         else:
             out = self._accumulated_backward(micro_batches)
-        logged = (self.state.step + 1) % self.cfg.log_every == 0 or self.state.step + 1 == self.total_steps
+        logged = self._logs_at(self.state.step + 1)  # the step being taken
         # mean feature norms for the log, kept as 0-d tensors (no device sync) and only on logged steps
         self._log_norms = ([f.detach().float().norm(dim=-1).mean() for f in features]
                            if logged and len(micro_batches) == 1 else None)
