@@ -207,14 +207,20 @@ def comparisons(grid: Grid, records: list[dict[str, Any]], rows: list[dict[str, 
     return out
 
 
-def _signed(x: float, scale: float, digits: int) -> str:
+def signed(x: float, scale: float, digits: int) -> str:
+    """A difference as text with its sign and a true minus: "+2.20", "−0.75"."""
     return f"{x * scale:+.{digits}f}".replace("-", "−")
 
 
-def _interval(lo: float | None, hi: float | None, scale: float, digits: int) -> str:
+def interval(lo: float | None, hi: float | None, scale: float, digits: int) -> str:
+    """A CI as "[a, b]" with true minus signs; "–" when there is none."""
     if lo is None or hi is None:
         return "–"
     return f"[{lo * scale:.{digits}f}, {hi * scale:.{digits}f}]".replace("-", "−")
+
+
+def seeds_text(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
 
 
 def format_p(p: float | None) -> str:
@@ -228,21 +234,20 @@ def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None
     """One line: "qnorm − cosine = +2.20 points, 95 % CI [a, b] over 5 seeds; ... → verdict"."""
     scale, digits = col.scale, col.digits
     head = f"{name} − {base} = " if name and base else ""
-    text = f"{head}{_signed(c['diff'], scale, digits)} {unit}"
+    text = f"{head}{signed(c['diff'], scale, digits)} {unit}"
     if c.get("seed_low") is not None:
         kind = "paired" if c.get("paired", True) else "unpaired"
-        text += f", 95 % CI {_interval(c['seed_low'], c['seed_high'], scale, digits)} ({c['n_seeds']} seeds, {kind})"
+        text += f", 95 % CI {interval(c['seed_low'], c['seed_high'], scale, digits)} ({c['n_seeds']} seeds, {kind})"
     else:
-        text += f" ({c['n_seeds']} seed{'s' if c['n_seeds'] != 1 else ''})"
+        text += f" ({seeds_text(c['n_seeds'])})"
     if c.get("n_items"):
-        text += (f"; over queries {_interval(c['item_low'], c['item_high'], scale, digits)}, "
-                 f"p = {format_p(c['p_items'])} ({c['n_items']} queries × {c['n_seeds']} "
-                 f"seed{'s' if c['n_seeds'] != 1 else ''})")
+        text += (f"; over queries {interval(c['item_low'], c['item_high'], scale, digits)}, "
+                 f"p = {format_p(c['p_items'])} ({c['n_items']} queries × {seeds_text(c['n_seeds'])})")
     text += f" → {c['verdict']}"
     if c["verdict"] == stats.NO_DIFFERENCE and c.get("mde") is not None:
         text += f" (MDE at 80 % power {c['mde'] * scale:.{max(digits - 1, 1)}f} {unit}"
         if c.get("seeds_for_diff"):
-            text += f"; a true {_signed(c['diff'], scale, digits)} would need {c['seeds_for_diff']} seeds"
+            text += f"; a true {signed(c['diff'], scale, digits)} would need {c['seeds_for_diff']} seeds"
         text += ")"
     return text
 
@@ -258,9 +263,9 @@ def comparison_table(grid: Grid, comps: list[dict[str, Any]]) -> str:
         col = cols[c["column"]]
         verdict = f"**{c['verdict']}**" if c["verdict"] in (stats.BETTER, stats.WORSE) else c["verdict"]
         lines.append("| " + " | ".join([
-            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), _signed(c["diff"], col.scale, col.digits),
-            _interval(c["seed_low"], c["seed_high"], col.scale, col.digits),
-            _interval(c["item_low"], c["item_high"], col.scale, col.digits) if c["n_items"] else "–",
+            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), signed(c["diff"], col.scale, col.digits),
+            interval(c["seed_low"], c["seed_high"], col.scale, col.digits),
+            interval(c["item_low"], c["item_high"], col.scale, col.digits) if c["n_items"] else "–",
             format_p(c["p_items"]) if c["n_items"] else "–",
             "–" if c["mde"] is None else f"{c['mde'] * col.scale:.{col.digits}f}",
             str(c["seeds_for_diff"] or "–"), verdict]) + " |")

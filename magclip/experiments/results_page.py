@@ -48,7 +48,7 @@ from typing import Any
 
 from magclip.experiments import stats
 from magclip.experiments.grid import Column
-from magclip.experiments.report import comparison_statement, lookup
+from magclip.experiments.report import comparison_statement, interval, lookup, seeds_text, signed
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 
@@ -156,11 +156,10 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
     if field == "line":
         return comparison_statement(c, col)
     if field == "short":
-        text = f"{c['diff'] * scale:+.{digits}f}".replace("-", "−") + " points"
+        text = signed(c["diff"], scale, digits) + " points"
         if c.get("seed_low") is not None:
-            low, high = c["seed_low"] * scale, c["seed_high"] * scale
-            text += f", 95 % CI [{low:.{digits}f}, {high:.{digits}f}]".replace("-", "−")
-        text += f" ({c['n_seeds']} seed{'s' if c['n_seeds'] != 1 else ''}"
+            text += f", 95 % CI {interval(c['seed_low'], c['seed_high'], scale, digits)}"
+        text += f" ({seeds_text(c['n_seeds'])}"
         text += f" × {c['n_items']} queries)" if c.get("n_items") else ")"
         return text + f" → {c['verdict']}"
     if field == "sd":
@@ -168,11 +167,9 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
     if field == "qmde":
         return "n/a" if c.get("item_se") is None else f"{stats.mde_normal(c['item_se']) * scale:.{digits}f}"
     if field == "diff":
-        return f"{c['diff'] * scale:+.{digits}f}".replace("-", "−")
+        return signed(c["diff"], scale, digits)
     if field == "ci":
-        if c.get("seed_low") is None:
-            return "n/a"
-        return f"[{c['seed_low'] * scale:.{digits}f}, {c['seed_high'] * scale:.{digits}f}]".replace("-", "−")
+        return "n/a" if c.get("seed_low") is None else interval(c["seed_low"], c["seed_high"], scale, digits)
     if field == "verdict":
         return c["verdict"]
     if field == "mde":
