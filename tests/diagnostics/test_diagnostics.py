@@ -15,6 +15,7 @@ from torch import nn
 from magclip.diagnostics import fisher as fim
 from magclip.diagnostics import magnitude as mag
 from magclip.similarity import Scorer
+from builders import make_tiny_bert
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -323,24 +324,6 @@ def test_clip_fisher_on_tiny_resnet_projection_block():
         assert torch.equal(p, before[n]) and p.requires_grad == flags[n]
 
 
-def _tiny_bert(folder: Path) -> Path:
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder.mkdir(parents=True, exist_ok=True)
-    words = ["the", "a", "of", "cat", "dog", "sat", "mat", "protein", "cell", "gene", "study", "brain", "red",
-             "blue", "green", "query", "passage"]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    vf = str(folder / "vocab.txt")
-    tok = BertTokenizerFast(vocab=vf, vocab_file=vf, do_lower_case=True, model_max_length=32)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=24, max_position_embeddings=32)
-    BertModel(cfg).eval().save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    return folder
-
-
 def _tiny_beir(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     docs = ["the cat sat", "a dog sat on the mat", "protein cell study", "gene study of the brain",
@@ -359,7 +342,7 @@ def _tiny_beir(folder: Path) -> Path:
 def test_text_fisher_on_tiny_bert_loop_equals_batched(tmp_path):
     from magclip.models.text import BiEncoder
 
-    model = BiEncoder.from_pretrained(_tiny_bert(tmp_path / "bert"))
+    model = BiEncoder.from_pretrained(make_tiny_bert(tmp_path / "bert"))
     q, d = ["cat", "dog mat", "protein", "gene brain"], ["the cat sat", "a dog sat", "protein cell", "gene study"]
     r1 = fim.text_fisher(model, q, d, modes=["qnorm", "dnorm"], chunk_size=1, doc_to_query=True)
     r4 = fim.text_fisher(model, q, d, modes=["qnorm", "dnorm"], chunk_size=4, doc_to_query=True)
@@ -386,7 +369,7 @@ def test_diagnose_launcher_text(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "eval"))
     import diagnose
 
-    bert, beir = _tiny_bert(tmp_path / "bert"), _tiny_beir(tmp_path / "beir")
+    bert, beir = make_tiny_bert(tmp_path / "bert"), _tiny_beir(tmp_path / "beir")
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": s, "gamma_q": 0.5, "gamma_d": 0.4 + s / 100, "logit_scale": 2.0})
                                + "\n" for s in range(5)))
