@@ -18,9 +18,28 @@ from typing import Any
 import yaml
 
 from magclip.io import atomic_write_text
-from magclip.modes import MODES, TEXT_COSINE_SCALE, initial_exponents
+from magclip.modes import MODES, TEXT_COSINE_SCALE, check_mode, resolve_specs
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
+RESUME_WORDS = ("latest", "auto")  # train.resume: the newest checkpoint (required / if there is one)
+
+# Keys a resume may change: where the run is, when it stops, how often it logs, validates and
+# checkpoints, and how the host runs it. Every other key changes the experiment, and a resume whose
+# config differs from its checkpoint's in one is refused (`resume_differences`). Two of these still
+# change what is trained, and a resume says so when they differ: the number of steps (the cosine
+# schedule is recomputed for the new total from the resumed step on) and the loader workers (the
+# epoch in progress is read in another sample order).
+RESUMABLE_KEYS = (
+    "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
+    "train.val_every", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
+    "train.max_nonfinite_steps", "data.workers", "eval.batch_size",
+)
+RESUME_CAVEATS = {
+    "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
+    "train.max_steps": "the learning-rate schedule is recomputed for the new number of steps",
+    "data.workers": "the epoch in progress is read in another sample order",
+}
 POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
 
 
@@ -94,7 +113,7 @@ class TrainConfig:
     log_every: int = 10
     val_every: int | None = None      # steps; None = only at the end
     checkpoint_every: int | None = None  # steps; None = only at the end
-    resume: str | None = None         # 'latest' or a checkpoint directory
+    resume: str | None = None         # 'latest', 'auto' (latest if there is one, else a fresh start) or a step folder
     max_nonfinite_steps: int = 10     # consecutive skipped non-finite steps before the run stops
     collective_timeout_s: float = 1800.0  # a collective (gradient all-reduce, barrier) waiting longer on a lost rank fails
     threads: int | None = None        # intra-op threads per process; None: OMP_NUM_THREADS, else the cores
@@ -188,7 +207,7 @@ class TextEvalConfig:
     at_start: bool = False                  # also evaluate the model before training (zero-shot)
     rag: dict[str, str] = field(default_factory=dict)    # name -> QA folder (qa.jsonl + corpus): answer recall@k
     length_bins: int = 4                    # BEIR length diagnostics (norm-length rho, within-bin d, nDCG by length); 0: off
-    keep_identical_ids: bool = False        # BEIR drops a hit whose id equals the query id; true keeps it
+    identical_ids: str = "self"             # same-id documents left out of a ranking: self (only the query itself), drop, keep
 
 
 @dataclass
@@ -328,23 +347,19 @@ def validate(cfg: Any) -> None:
 def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
     if mode is None and allow_none:
         return
-    if mode not in MODES:
+    try:
+        check_mode(mode)
+    except ValueError:
         raise ConfigError(f"{key}={mode!r} is not a scoring mode; allowed: {', '.join(MODES)}"
-                          + (" or null" if allow_none else ""))
+                          + (" or null" if allow_none else "")) from None
 
 
 def _check_exponents(loss: Any, modes: list[str]) -> None:
-    """gamma_q/gamma_d configure the modes with free exponents (fixed, learnable); elsewhere they would be ignored."""
-    given = [k for k in ("gamma_q", "gamma_d") if getattr(loss, k) is not None]
-    free = [m for m in modes if m in ("fixed", "learnable")]
-    if given and not free:
-        raise ConfigError(f"loss.{given[0]} is set but no trained mode has free exponents ({', '.join(modes)}); "
-                          "it applies to modes 'fixed' and 'learnable'")
-    for mode in free:
-        try:
-            initial_exponents(mode, loss.gamma_q, loss.gamma_d)
-        except ValueError as exn:
-            raise ConfigError(f"loss: {exn}") from None
+    """gamma_q/gamma_d configure the modes with free exponents (`modes.resolve_specs`, the training rule)."""
+    try:
+        resolve_specs(modes, loss.gamma_q, loss.gamma_d, where="loss")
+    except ValueError as exn:
+        raise ConfigError(str(exn)) from None
 
 
 def _check_train(train: TrainConfig) -> None:
@@ -369,37 +384,8 @@ def _check_train(train: TrainConfig) -> None:
                        "train.beta2": train.beta2, "train.warmup_steps": train.warmup_steps}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
-    if train.resume not in (None, "latest") and not Path(train.resume).exists():
-        raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest' or a path)")
-
-
-def check_inputs(cfg: Any) -> None:
-    """Every local input a run config names exists: what a command checks before it imports torch or builds
-    anything. Not part of `validate`: a config that names data of another machine still loads."""
-    from magclip.data.urls import check_sources_exist
-
-    if isinstance(cfg, RunConfig):
-        shard_sets = {"data.train": cfg.data.train, "data.val": cfg.data.val,
-                      **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
-        for key, urls in shard_sets.items():
-            if urls is not None:
-                check_sources_exist(urls, key)
-        pretrained = cfg.model.pretrained
-        if pretrained and _looks_like_path(pretrained) and not Path(pretrained).is_file():
-            raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")
-        return
-    paths = {"data.beir": cfg.data.beir, **{f"eval.{kind}.{k}": v for kind in ("beir", "sts", "rag")
-                                            for k, v in getattr(cfg.eval, kind).items()}}
-    if cfg.data.train is not None and not any(c in cfg.data.train for c in "{:"):
-        paths["data.train"] = cfg.data.train  # a plain file or folder; shard patterns are checked by the reader
-    for key, value in paths.items():
-        if value is not None and not Path(value).exists():
-            raise FileNotFoundError(f"{key}: not found: {value}")
-
-
-def _looks_like_path(value: str) -> bool:
-    """A local file rather than a pretrained tag or hub name (tags hold neither a slash nor a suffix)."""
-    return value.startswith((".", "/", "~")) or value.endswith((".pt", ".pth", ".bin", ".safetensors"))
+    if train.resume not in (None, *RESUME_WORDS) and not Path(train.resume).exists():
+        raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest', 'auto' or a path)")
 
 
 def _check_text(cfg: "TextRunConfig") -> None:
@@ -409,6 +395,8 @@ def _check_text(cfg: "TextRunConfig") -> None:
         raise ConfigError(f"model.pooling={cfg.model.pooling!r}; allowed: {', '.join(POOLINGS)} or null")
     if (cfg.data.train is None) == (cfg.data.beir is None):
         raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
+    if cfg.eval.identical_ids not in IDENTICAL_ID_RULES:
+        raise ConfigError(f"eval.identical_ids={cfg.eval.identical_ids!r}; allowed: {', '.join(IDENTICAL_ID_RULES)}")
     if cfg.eval.backend not in ("auto", "torch", "faiss"):
         raise ConfigError(f"eval.backend={cfg.eval.backend!r}; allowed: auto, torch, faiss")
     for key, value in {"data.group_size": cfg.data.group_size, "eval.batch_size": cfg.eval.batch_size}.items():
@@ -418,6 +406,29 @@ def _check_text(cfg: "TextRunConfig") -> None:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train.lr": 0.002, ...}: a nested config dict keyed by dotted names (an empty section is one key)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict, dict]:
+    """({key: (saved, current)} of experiment keys that differ, the same for RESUMABLE_KEYS) between the
+    config a checkpoint was trained with and the one resuming it. Keys only one side has (a config
+    written by another version of magclip) are not compared."""
+    old, new = flatten(saved), flatten(current)
+    refused, allowed = {}, {}
+    for key in sorted(set(old) & set(new)):
+        if old[key] != new[key]:
+            (allowed if key in RESUMABLE_KEYS else refused)[key] = (old[key], new[key])
+    return refused, allowed
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:

@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+
+
+def looks_like_path(value: str) -> bool:
+    """A local weights file rather than an open_clip pretrained tag (no slash, no weights suffix) or a hub
+    name (`hf-hub:...`): the one rule by which training and evaluation decide to look on disk."""
+    return not value.startswith("hf-hub:") and ("/" in value or value.startswith("~") or value.endswith(WEIGHT_SUFFIXES))
+
+
 def umask_mode(kind: str = "file") -> int:
     """The mode a plain `open` (file) or `mkdir` (dir) would give under the process's umask; temp files
     and folders are created 0600/0700, and what we publish should look like any other file."""

@@ -27,10 +27,19 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from magclip.modes import DIRECTIONS, FIXED_MODES, LEARNABLE_INIT, MODES, check_mode, initial_exponents
+from magclip.modes import (
+    DIRECTIONS,
+    FIXED_MODES,
+    LEARNABLE_INIT,
+    MODES,
+    ScorerSpec,
+    check_mode,
+    initial_exponents,
+    resolve_specs,
+)
 
-__all__ = ["DIRECTIONS", "FIXED_MODES", "LEARNABLE_INIT", "MODES", "NORM_EPS", "Scorer", "check_mode",
-           "evaluation_scorers", "frozen", "make_scorer"]
+__all__ = ["DIRECTIONS", "FIXED_MODES", "LEARNABLE_INIT", "MODES", "NORM_EPS", "Scorer", "ScorerSpec", "check_mode",
+           "evaluation_scorers", "frozen", "make_scorer", "resolve_specs"]
 
 # Norms are clamped here before being raised to a power; small enough that features of norm 1e-4
 # keep their direction, large enough that 1 / eps stays finite in float32.
@@ -56,18 +65,27 @@ class Scorer(nn.Module):
             self.register_buffer("gamma_d_param", torch.tensor(gd, dtype=torch.float32), persistent=False)
 
     @classmethod
-    def build(cls, spec: "str | Scorer | Mapping[str, Any]") -> "Scorer":
-        """A Scorer from a mode name, a dict (`{"mode": ..., "gamma_q": ..., "gamma_d": ...}`) or itself."""
+    def from_spec(cls, spec: ScorerSpec) -> "Scorer":
+        return cls(spec.mode, spec.gamma_q, spec.gamma_d)
+
+    @classmethod
+    def build(cls, spec: "str | Scorer | ScorerSpec | Mapping[str, Any]") -> "Scorer":
+        """A Scorer from a mode name, a ScorerSpec, a record (`{"mode": ..., "gamma_q": ..., "gamma_d": ...}`)
+        or itself."""
         if isinstance(spec, Scorer):
             return spec
         if isinstance(spec, str):
             return cls(spec)
+        if isinstance(spec, ScorerSpec):
+            return cls.from_spec(spec)
         if isinstance(spec, Mapping):
-            unknown = set(spec) - {"mode", "gamma_q", "gamma_d"}
-            if unknown:
-                raise ValueError(f"unknown scorer key(s) {sorted(unknown)}; allowed: mode, gamma_q, gamma_d")
-            return cls(spec.get("mode", "cosine"), spec.get("gamma_q"), spec.get("gamma_d"))
+            return cls.from_spec(ScorerSpec.from_record(spec))
         raise TypeError(f"cannot build a Scorer from {type(spec).__name__}: {spec!r}")
+
+    @property
+    def spec(self) -> ScorerSpec:
+        """The mode and the current exponents, as plain data."""
+        return ScorerSpec(self.mode, self.gamma_q, self.gamma_d)
 
     @property
     def learnable(self) -> bool:
@@ -114,36 +132,30 @@ class Scorer(nn.Module):
 
     def to_dict(self) -> dict[str, Any]:
         """Mode and current exponents: what a results file or checkpoint records."""
-        return {"mode": self.mode, "gamma_q": self.gamma_q, "gamma_d": self.gamma_d}
+        return self.spec.to_dict()
 
     @property
     def label(self) -> str:
-        """Short name for tables and result keys: the mode, with the exponents when they are free."""
-        if self.mode in ("fixed", "learnable"):
-            return f"{self.mode}({self.gamma_q:.3g},{self.gamma_d:.3g})"
-        return self.mode
+        """Short name for tables and result keys (ScorerSpec.label)."""
+        return self.spec.label
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}, gamma_q={self.gamma_q:.4f}, gamma_d={self.gamma_d:.4f}"
 
 
 def make_scorer(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> Scorer:
-    """Mode + exponents -> Scorer, the one place this is decided. The exponents configure the modes
-    that have free ones ('fixed': the exponents, 'learnable': their start); cosine/dot/qnorm/dnorm
-    keep their corner, so one pair of exponents can go with several directions or modes."""
-    if check_mode(mode) in FIXED_MODES:
-        return Scorer(mode)
-    return Scorer(mode, gamma_q, gamma_d)
+    """The trained Scorer of one mode (`resolve_specs`' training rule: the exponents configure 'fixed' and
+    'learnable'; given to a corner mode they are an error)."""
+    return Scorer.from_spec(resolve_specs([mode], gamma_q, gamma_d)[0])
 
 
-def frozen(scorer: "Scorer | str | Mapping[str, Any]") -> Scorer:
+def frozen(scorer: "Scorer | ScorerSpec | str | Mapping[str, Any]") -> Scorer:
     """A copy for evaluation: the same mode and exponents (a learnable one keeps its label and its
     trained point), trained no further."""
-    scorer = Scorer.build(scorer)
-    return make_scorer(scorer.mode, scorer.gamma_q, scorer.gamma_d).requires_grad_(False)
+    return Scorer.from_spec(Scorer.build(scorer).spec).requires_grad_(False)
 
 
-def evaluation_scorers(trained: Mapping[str, "Scorer | Mapping[str, Any]"]) -> dict[str, Scorer]:
+def evaluation_scorers(trained: Mapping[str, "Scorer | ScorerSpec | Mapping[str, Any]"]) -> dict[str, Scorer]:
     """Frozen Scorers for both CLIP directions from the trained ones ("i2t" and/or "t2i"): a
     direction the run did not train scores with the trained one's similarity, transposed."""
     unknown = set(trained) - set(DIRECTIONS)

@@ -54,7 +54,7 @@ def test_the_builtin_defaults_are_the_main_job_recipe():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["loss.gamma_q=0.5"], "loss.gamma_q is set but no trained mode has free exponents"),
+    (["loss.gamma_q=0.5"], "loss: gamma_q is set but no mode has free exponents"),
     (["loss.i2t=fixed", "loss.gamma_q=0.5"], "mode 'fixed' needs both gamma_q and gamma_d"),
     (["loss.i2t=learnable", "loss.gamma_d=1.5"], "gamma_d must lie in"),
 ])

@@ -76,3 +76,31 @@ def test_wheel_install_runs_the_main_job_from_any_folder(venv, tmp_path):
                            timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.split() == ["tiny-resnet", "cosine"]
+
+
+GRID = """name: one
+output_dir: grid
+launcher: clip
+base: base.yaml
+overrides: {train.max_steps: 2, data.synthetic.num_train: 96, data.synthetic.num_val: 32, train.batch_size: 16,
+            data.workers: 0}
+axes:
+  loss: [{name: qnorm, set: {loss.i2t: qnorm, loss.t2i: qnorm}}]
+columns: [{key: val.image_to_text_R@1, label: "i→t R@1"}]
+"""
+
+
+def test_the_installed_compare_command_runs_a_grid_outside_the_checkout(venv, tmp_path):
+    """The grid runner once launched `train/clip.py` by a path relative to the working folder."""
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "one.yaml").write_text(GRID)
+    (work / "base.yaml").write_text("model: {name: tiny-resnet}\n")  # a user's own recipe: no checkout needed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update({"MAGCLIP_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+    run = subprocess.run([str(venv / "bin" / "magclip-compare"), "--grid", "one.yaml"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    results = json.loads((work / "grid" / "runs" / "loss=qnorm" / "results.json").read_text())
+    assert results["steps"] == 2 and results["scorers"]["i2t"]["mode"] == "qnorm"
+    assert "i→t R@1" in run.stdout and "qnorm" in run.stdout  # the report table

@@ -123,9 +123,12 @@ def test_label_names_the_mode_and_free_exponents():
 
 
 def test_one_factory_and_frozen_copies_keep_mode_exponents_and_label():
-    from magclip.similarity import evaluation_scorers, frozen, make_scorer
+    from magclip.similarity import evaluation_scorers, frozen, make_scorer, resolve_specs
 
-    assert make_scorer("qnorm", 0.3, 0.3).mode == "qnorm"  # a corner keeps its exponents
+    with pytest.raises(ValueError, match="no mode has free exponents"):
+        make_scorer("qnorm", 0.3, 0.3)
+    qnorm, learnable = resolve_specs(["qnorm", "learnable"], 0.3, 0.3)  # one pair for the free modes
+    assert (qnorm.gamma_q, qnorm.gamma_d, learnable.gamma_q, learnable.gamma_d) == (1.0, 0.0, 0.3, 0.3)
     trained = make_scorer("learnable", 0.5, 0.5)
     with torch.no_grad():
         trained.gamma_q_param.fill_(0.25)

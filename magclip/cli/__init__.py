@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 DEBUG_FLAG = "--debug"
 BAD_INPUT_EXIT = 2  # like argparse's usage errors
@@ -27,8 +28,47 @@ def check_paths(args, *flags: str) -> None:
                 raise FileNotFoundError(f"--{flag.replace('_', '-')} {path}: not found")
 
 
+def check_inputs(cfg: Any) -> None:
+    """Every local input a run config names exists: what a command checks before it imports torch or builds
+    anything. Not part of `validate`: a config that names data of another machine still loads."""
+    from magclip.config import RunConfig
+    from magclip.data.urls import check_sources_exist
+    from magclip.io import looks_like_path
+
+    if isinstance(cfg, RunConfig):
+        shard_sets = {"data.train": cfg.data.train, "data.val": cfg.data.val,
+                      **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
+        for key, urls in shard_sets.items():
+            if urls is not None:
+                check_sources_exist(urls, key)
+        pretrained = cfg.model.pretrained
+        if pretrained and looks_like_path(pretrained) and not Path(pretrained).is_file():
+            raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")
+        return
+    paths = {"data.beir": cfg.data.beir, **{f"eval.{kind}.{k}": v for kind in ("beir", "sts", "rag")
+                                            for k, v in getattr(cfg.eval, kind).items()}}
+    if cfg.data.train is not None and not any(c in cfg.data.train for c in "{:"):
+        paths["data.train"] = cfg.data.train  # a plain file or folder; shard patterns are checked by the reader
+    for key, value in paths.items():
+        if value is not None and not Path(value).exists():
+            raise FileNotFoundError(f"{key}: not found: {value}")
+
+
 class UsageError(ValueError):
     """Command-line arguments that cannot be used together; reported like any bad input (one line, exit 2)."""
+
+
+def check_scorer_flags(modes: str | list[str] | None, gamma_q: float | None, gamma_d: float | None) -> None:
+    """--mode / --gamma-q / --gamma-d, checked alike by every evaluation command before anything loads:
+    `modes.resolve_specs`' evaluation rule (fixed and learnable need both exponents; exponents need a
+    mode that uses them)."""
+    from magclip.modes import resolve_specs
+
+    if modes:
+        resolve_specs([modes] if isinstance(modes, str) else modes, gamma_q, gamma_d, evaluation=True, where="--mode")
+    elif gamma_q is not None or gamma_d is not None:
+        raise UsageError("--gamma-q/--gamma-d go with --mode fixed or learnable (without --mode the model's own "
+                         "scorers are used)")
 
 
 def _expected(exn: BaseException) -> int | None:

@@ -14,8 +14,11 @@ by magclip or sentence-transformers, or a hub name (set HF_HUB_OFFLINE=1 to forb
 --mode overrides the model's own mode (cosine for a sentence-transformers folder with Normalize);
 `fixed` needs --gamma-q/--gamma-d. Documents are title + " " + text; queries and documents are
 encoded in batches sorted by length; the search runs on the Scorer's prepared vectors (torch top-k;
---backend faiss uses faiss IndexFlatIP). A retrieved document whose id equals the query id is
-ignored, as in BEIR (--keep-identical-ids keeps it). results.json maps each folder name to its
+--backend faiss uses faiss IndexFlatIP). Same-id documents: --identical-ids self (the default) leaves
+a document out of a query's ranking only where it *is* that query (same id and same text: ArguAna,
+Quora); `drop` is BEIR's ignore_identical_ids (every document whose id equals the query id, which in
+collections numbered 1, 2, 3 ... on both sides, such as Cranfield or MED, removes real documents);
+`keep` keeps all. Each entry counts them. results.json maps each folder name to its
 metrics (0-1 scale) plus `queries`, `docs`, the scorer and timings; with several modes, the entry
 holds the first mode's metrics and a `modes` map with all of them.
 """
@@ -25,7 +28,8 @@ import logging
 from dataclasses import asdict
 
 from magclip.cli import as_command
-from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
+from magclip.config import IDENTICAL_ID_RULES
+from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
 from magclip.data.beir import check_beir_folder
 from magclip.io import atomic_write_json
 
@@ -37,11 +41,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=("auto", "torch", "faiss"), default="auto", help="search backend")
     parser.add_argument("--max-queries", type=int, default=None, help="subset for quick checks")
     parser.add_argument("--max-docs", type=int, default=None, help="subset: judged docs + others up to this many")
-    parser.add_argument("--keep-identical-ids", action="store_true", help="do not drop doc id == query id")
+    parser.add_argument("--identical-ids", choices=IDENTICAL_ID_RULES, default="self",
+                        help="which documents sharing the query's id leave its ranking: self = only one that is the "
+                             "query (same text; default), drop = all (BEIR's ignore_identical_ids), keep = none")
+    parser.add_argument("--keep-identical-ids", dest="identical_ids", action="store_const", const="keep",
+                        help="the same as --identical-ids keep")
     parser.add_argument("--length-bins", type=int, default=0,
                         help="length diagnostics per mode with this many length bins (norm-length Spearman, "
                              "within-bin Cohen's d, nDCG@10 by document length; see magclip.diagnostics.length)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for folder in args.data:  # bad input fails before the model loads
         check_beir_folder(folder, args.split)
@@ -52,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     model, scorers = load_model_and_scorers(args)
     results = evaluate_beir_folders(model, args.data, scorers, split=args.split, batch_size=args.batch_size,
                                     device=device_of(args), backend=args.backend, max_queries=args.max_queries,
-                                    max_docs=args.max_docs, ignore_identical_ids=not args.keep_identical_ids,
+                                    max_docs=args.max_docs, identical_ids=args.identical_ids,
                                     length_bins=args.length_bins, progress=args.progress)
     for entry in results.values():
         entry["model"] = args.model

@@ -36,7 +36,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from magclip.cli import UsageError, as_command, check_paths
+from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
 from magclip.data.urls import check_sources_exist
 from magclip.modes import MODES
 
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = [x for x in (args.text_model, args.checkpoint, args.model) if x]
     if len(chosen) > 1 or (not chosen and not args.metrics):
         raise UsageError("give one of --text-model, --checkpoint or --model (or only --metrics)")
+    check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
     check_paths(args, "checkpoint", "beir", "metrics")  # local inputs, before torch or a model is loaded
     if args.data:
         check_sources_exist(args.data, "--data")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from magclip.diagnostics import fisher as fim
-    from magclip.diagnostics.report import format_summary, run_diagnostics
+    from magclip.evaluation.diagnose import format_summary, run_diagnostics
 
     torch.manual_seed(args.seed)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

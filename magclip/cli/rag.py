@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from magclip.cli import as_command, check_paths
-from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
+from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
 from magclip.data.beir import doc_text
 from magclip.data.qa import load_distractors, load_qa
 from magclip.io import atomic_write_json
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--max-questions", type=int, default=None, help="questions sent to the generator (first N)")
     parser.add_argument("--generator-batch-size", type=int, default=8)
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if min(args.k) < 1:
         parser.error("--k values must be >= 1")

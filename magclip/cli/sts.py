@@ -19,7 +19,7 @@ import logging
 from dataclasses import asdict
 
 from magclip.cli import as_command, check_paths
-from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments
+from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
 from magclip.io import atomic_write_json
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
     parser.add_argument("--data", nargs="+", required=True, help="STS folder(s) or TSV file(s)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_paths(args, "data")  # before the model loads
 

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from magclip.config import POOLINGS
+from magclip.cli import check_scorer_flags
 from magclip.modes import MODES
 
 if TYPE_CHECKING:
@@ -37,7 +38,16 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="encoding progress bars (default: on when stderr is a terminal)")
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse, then check the scoring flags as every evaluation command does (`check_scorer_flags`), before
+    any input or model is looked at."""
+    args = parser.parse_args(argv)
+    check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
+    return args
+
+
 def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":
+    """The model and its Scorers (the flags were checked by `parse_args`)."""
     from magclip.evaluation.text import text_scorers
     from magclip.models.text import BiEncoder
 

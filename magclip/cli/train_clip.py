@@ -22,8 +22,8 @@ bad values are errors that name the key.
 import argparse
 import logging
 
-from magclip.cli import as_command
-from magclip.config import check_inputs, load_config
+from magclip.cli import as_command, check_inputs
+from magclip.config import load_config
 
 
 def main(argv: list[str] | None = None) -> None:

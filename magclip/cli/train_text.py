@@ -31,8 +31,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from magclip.cli import UsageError, as_command
-from magclip.config import check_inputs, load_text_config
+from magclip.cli import UsageError, as_command, check_inputs
+from magclip.config import load_text_config
 
 
 def make_pairs(args) -> None:
@@ -41,7 +41,7 @@ def make_pairs(args) -> None:
     if args.mine_with:
         import torch
 
-        from magclip.data.mining import mine_hard_negatives
+        from magclip.evaluation.mining import mine_hard_negatives
         from magclip.models.text import BiEncoder
 
         rows = mine_hard_negatives(BiEncoder.from_pretrained(args.mine_with), args.beir, args.split, args.mode,

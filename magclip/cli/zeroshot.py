@@ -44,12 +44,12 @@ import argparse
 import logging
 import re
 
-from magclip.cli import UsageError, as_command, check_paths
+from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
 from magclip.data.urls import check_sources_exist
+from magclip.evaluation import ZEROSHOT_TASKS as TASKS
 from magclip.io import atomic_write_json
 from magclip.modes import MODES
 
-TASKS = ("retrieval", "classification")  # magclip.evaluation.zeroshot.TASKS, here so --help needs no torch
 
 _NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise UsageError("--pretrained goes with --model (a checkpoint's weights come from --checkpoint)")
     if bool(args.emoji) == bool(args.data):
         raise UsageError("give --data SHARDS (one or more) or --emoji DIR")
+    check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
     check_inputs(args)
 
     import torch

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from magclip.config import IDENTICAL_ID_RULES
 from magclip.io import atomic_write_jsonl
 
 log = logging.getLogger("magclip.data.beir")
@@ -50,6 +51,10 @@ class BeirData:
     def doc_texts(self, ids: list[str] | None = None) -> list[str]:
         return [doc_text(self.corpus[i]) for i in (ids if ids is not None else self.corpus)]
 
+    def identical_ids(self, rule: str = "self") -> dict[str, str]:
+        """{query id: document id} to leave out of that query's ranking (see `identical_id_exclusions`)."""
+        return identical_id_exclusions(self.queries, self.corpus, rule)
+
     def subset(self, max_queries: int | None = None, max_docs: int | None = None, seed: int = 0) -> "BeirData":
         """A smaller problem for quick checks: the first `max_queries` queries, every document they
         judge, then other documents (in corpus order) up to `max_docs`. Not comparable to full-corpus numbers."""
@@ -65,6 +70,30 @@ class BeirData:
             keep = set(self.corpus)
         corpus = {d: v for d, v in self.corpus.items() if d in keep}
         return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split, dict(self.warnings))
+
+
+def identical_id_exclusions(queries: dict[str, str], corpus: dict[str, dict[str, str]],
+                            rule: str = "self") -> dict[str, str]:
+    """Which document each query's ranking leaves out because it shares the query's id.
+
+    BEIR's `ignore_identical_ids` drops every such document; it was added for ArguAna and Quora, whose
+    queries are themselves in the corpus. In collections numbered 1, 2, 3 ... on both sides (Cranfield,
+    MED, CISI, CACM, NPL) it removes a real, often relevant, document from every ranking, so here:
+    "self" (the default) drops a document only where it *is* the query (same id and the same text, as
+    the document's text or its title + text, whitespace and case aside); "drop" is BEIR's rule (every
+    same-id document); "keep" drops none."""
+    if rule not in IDENTICAL_ID_RULES:
+        raise ValueError(f"identical-id rule {rule!r}; allowed: {', '.join(IDENTICAL_ID_RULES)}")
+    if rule == "keep":
+        return {}
+    same_id = [q for q in queries if q in corpus]
+    if rule == "drop":
+        return {q: q for q in same_id}
+    return {q: q for q in same_id if _plain(queries[q]) in (_plain(corpus[q].get("text", "")), _plain(doc_text(corpus[q])))}
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.split()).casefold()
 
 
 def doc_text(doc: dict[str, str]) -> str:

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from magclip.io import DamagedFileError, UnsafeFileError
+from magclip.io import DamagedFileError, UnsafeFileError, looks_like_path
 from magclip.models.clip import CHECKPOINT_META, WEIGHTS_FILE, RawCLIP, create_clip, weights_file
-from magclip.similarity import FIXED_MODES, Scorer, check_mode, evaluation_scorers, frozen
+from magclip.similarity import Scorer, ScorerSpec, evaluation_scorers, frozen, resolve_specs
 
 log = logging.getLogger("magclip.evaluation")
 
@@ -84,27 +84,18 @@ def scorers_from_meta(scorers: Mapping[str, Mapping[str, Any]], where: str = "ch
     """Frozen Scorers for both directions from a checkpoint's `scorers` record: each direction its
     recorded mode and exponents (a learnable one at its trained point), an untrained direction the
     trained one transposed (`similarity.evaluation_scorers`)."""
-    unknown = set(scorers) - {"i2t", "t2i"}
-    if unknown or not scorers:
-        raise ValueError(f"{where}: scorers must hold 'i2t' and/or 't2i', got {sorted(scorers)}")
-    specs = {}
-    for direction, rec in scorers.items():
-        try:
-            specs[direction] = Scorer.build({k: rec[k] for k in ("mode", "gamma_q", "gamma_d") if k in rec})
-        except (ValueError, TypeError) as exn:
-            raise ValueError(f"{where}: bad scorer for {direction}: {exn}") from exn
-    return evaluation_scorers(specs)
+    try:
+        specs = {direction: ScorerSpec.from_record({k: rec[k] for k in ("mode", "gamma_q", "gamma_d") if k in rec},
+                                                   where=f"bad scorer for {direction}")
+                 for direction, rec in scorers.items()}
+        return evaluation_scorers(specs)
+    except (ValueError, TypeError) as exn:
+        raise ValueError(f"{where}: {exn}") from exn
 
 
 def scorers_for_mode(mode: str, gamma_q: float | None = None, gamma_d: float | None = None) -> dict[str, Scorer]:
-    """The same Scorer for both directions (the `--mode` override). 'fixed' and 'learnable' need
-    both exponents (evaluation trains nothing: a learnable scorer is frozen at the given point)."""
-    check_mode(mode)
-    if mode in ("fixed", "learnable") and (gamma_q is None or gamma_d is None):
-        raise ValueError(f"mode {mode!r} needs both gamma_q and gamma_d for evaluation")
-    if mode in FIXED_MODES and (gamma_q is not None or gamma_d is not None):
-        raise ValueError(f"mode {mode!r} fixes the exponents; gamma_q/gamma_d only go with 'fixed' or 'learnable'")
-    scorer = frozen(Scorer(mode, gamma_q, gamma_d))
+    """The same Scorer for both directions (the `--mode` override), by `resolve_specs`' evaluation rule."""
+    scorer = frozen(resolve_specs([mode], gamma_q, gamma_d, evaluation=True, where="--mode")[0])
     return {"i2t": scorer, "t2i": scorer}
 
 
@@ -137,7 +128,7 @@ def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float
 def load_open_clip(model: str, pretrained: str | None, *, mode: str = "cosine", gamma_q: float | None = None,
                    gamma_d: float | None = None, device: str | torch.device = "cpu") -> EvalModel:
     """A plain open_clip model (name + pretrained tag or local file, or random init with None)."""
-    looks_like_file = pretrained is not None and ("/" in pretrained or pretrained.endswith((".pt", ".bin", ".safetensors")))
+    looks_like_file = pretrained is not None and looks_like_path(pretrained)
     if looks_like_file and not Path(pretrained).is_file():  # a tag has neither; open_clip would try to download
         raise FileNotFoundError(f"pretrained weights not found: {pretrained}")
     scorers = scorers_for_mode(mode, gamma_q, gamma_d)

@@ -19,15 +19,15 @@ from magclip.evaluation.rag import evaluate_rag
 from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval
 from magclip.metrics.sts import STSData, evaluate_sts, read_sts
 from magclip.models.text import BiEncoder
-from magclip.similarity import Scorer, frozen, make_scorer
+from magclip.similarity import Scorer, frozen, resolve_specs
 
 
 def text_scorers(model: BiEncoder, modes: Sequence[str] | None = None, gamma_q: float | None = None,
                  gamma_d: float | None = None) -> list[Scorer]:
-    """The Scorers to evaluate `model` with: the given modes (the exponents go to 'fixed' and
-    'learnable'), or the model's own (magclip_text.json: a learnable one at its trained point)."""
+    """The Scorers to evaluate `model` with: the given modes (`resolve_specs`' evaluation rule: 'fixed' and
+    'learnable' need both exponents), or the model's own (magclip_text.json: a learnable one at its trained point)."""
     if modes:
-        return [frozen(make_scorer(m, gamma_q, gamma_d)) for m in modes]
+        return [frozen(spec) for spec in resolve_specs(modes, gamma_q, gamma_d, evaluation=True, where="--mode")]
     return [frozen(model.default_scorer)]
 
 
@@ -63,11 +63,15 @@ def beir_token_lengths(model: BiEncoder, data: BeirData) -> tuple[list[int], lis
 
 def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Scorer | str] | Scorer | str, *,
                        batch_size: int = 64, device=None, backend: str = "auto",
-                       metrics: Sequence[str] = DEFAULT_METRICS, ignore_identical_ids: bool = True,
+                       metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
                        length_bins: int = 0, lengths: tuple[list[int], list[int]] | None = None,
                        progress: bool = False) -> dict[str, Any]:
     """Metrics of the first scorer (+ "modes": {mode: metrics} when several); documents encoded once.
 
+    `identical_ids`: which same-id documents leave the rankings (magclip.data.beir.identical_id_exclusions;
+    "self": only a document that is the query); every entry records the rule, how many queries share an
+    id with a document (`identical_id_queries`), how many were left out (`excluded_identical`) and how many
+    of those the top k held (`removed_identical`).
     With `length_bins` > 0 each mode's entry also holds "length": the `length_report` of its ranking
     (norm-length correlation, within-bin Cohen's d, nDCG@10 by document-length bin); `lengths` =
     (query, document) token counts when already known.
@@ -77,11 +81,15 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
     if length_bins and lengths is None:
         lengths = beir_token_lengths(model, data)
     encode = SideCache(model, batch_size, device, progress)
+    exclude = data.identical_ids(identical_ids)
+    identical = {"identical_ids": identical_ids, "identical_id_queries": len(data.identical_ids("drop")),
+                 "excluded_identical": len(exclude)}
     by_mode = {}
     for scorer in scorers:
         kept: list = []
         m = evaluate_retrieval(encode, data.queries, corpus_texts, data.qrels, scorer, metrics=metrics,
-                               ignore_identical_ids=ignore_identical_ids, backend=backend, keep=kept)
+                               exclude=exclude, backend=backend, keep=kept)
+        m.update(identical)
         if length_bins:
             m["length"], _ = length_report(kept[0], data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
                                            max_length=model.settings.passage_max_length)
@@ -95,7 +103,7 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
 def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], scorers: Sequence[Scorer | str],
                           *, split: str = "test", batch_size: int = 64, device=None, backend: str = "auto",
                           max_queries: int | None = None, max_docs: int | None = None,
-                          metrics: Sequence[str] = DEFAULT_METRICS, ignore_identical_ids: bool = True,
+                          metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
                           length_bins: int = 0, progress: bool = False) -> dict[str, dict[str, Any]]:
     """{folder name: `evaluate_beir_data` of its split, + split, subset, wall_s and counted input warnings}."""
     results: dict[str, dict[str, Any]] = {}
@@ -105,7 +113,7 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
             data = data.subset(max_queries, max_docs)
         t0 = time.perf_counter()
         entry = evaluate_beir_data(model, data, scorers, batch_size=batch_size, device=device, backend=backend,
-                                   metrics=metrics, ignore_identical_ids=ignore_identical_ids,
+                                   metrics=metrics, identical_ids=identical_ids,
                                    length_bins=length_bins, progress=progress)
         for m in [entry, *(entry.get("modes") or {}).values()]:
             m.update({"split": split, "subset": bool(max_queries or max_docs)})
@@ -206,7 +214,7 @@ def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg
     out: dict[str, float] = {}
     for name, data in sets.beir.items():
         r = evaluate_beir_data(model, data, scorer, batch_size=cfg.batch_size, device=device, backend=cfg.backend,
-                               ignore_identical_ids=not cfg.keep_identical_ids, length_bins=cfg.length_bins,
+                               identical_ids=cfg.identical_ids, length_bins=cfg.length_bins,
                                lengths=sets.lengths.get(name))
         if "length" in r:
             r.update(flat_length_metrics(r.pop("length")))

@@ -69,11 +69,13 @@ from magclip.data.urls import check_sources_exist
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import retrieval_from_features
 from magclip.io import publish_dir, umask_mode
-from magclip.similarity import FIXED_MODES, Scorer
+from magclip.evaluation import ZEROSHOT_TASKS
+from magclip.modes import ScorerSpec
+from magclip.similarity import Scorer
 
 log = logging.getLogger("magclip.evaluation.zeroshot")
 
-TASKS = ("retrieval", "classification")
+TASKS = ZEROSHOT_TASKS
 TEMPLATE_PRESETS = ("identity", "simple", "openai")
 
 
@@ -554,11 +556,7 @@ def _pct(x: float) -> str:
 
 
 def _scorer_text(s: Mapping[str, Any] | None) -> str:
-    if not s:
-        return "-"
-    if s["mode"] in FIXED_MODES:
-        return s["mode"]
-    return f"{s['mode']}(γq={s['gamma_q']:.3f},γd={s['gamma_d']:.3f})"
+    return ScorerSpec.from_record(s).label if s else "-"
 
 
 __all__ = [

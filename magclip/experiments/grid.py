@@ -34,8 +34,9 @@ a half-finished grid already has a full table). The overrides of one cell are ap
 grid overrides, then each axis's `set`, then the runner's `name=<cell>`,
 `output_dir=<output_dir>/runs` and the restart flag.
 
-Launchers. `clip` runs `python train/clip.py --config {base} {overrides} ...` and collects
-`{run_dir}/results.json`; `text` the same with train/text.py. A mapping adds to (or, with
+Launchers. `clip` runs `python -m magclip.cli.train_clip --config {base} {overrides} ...` (what
+train/clip.py and `magclip-train-clip` run) and collects `{run_dir}/results.json`; `text` the same
+with magclip.cli.train_text. A mapping adds to (or, with
 `name: custom`, replaces) those:
 
     launcher:
@@ -83,8 +84,9 @@ PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")   # other braces (shar
 AXIS_KEYS = {"seed": "train.seed"}   # plain-valued axes that need no `key:`
 
 BUILTIN_LAUNCHERS: dict[str, dict[str, Any]] = {
-    "clip": {"script": "train/clip.py", "config": "clip"},
-    "text": {"script": "train/text.py", "config": "text"},
+    # a module of the installed package, not a script of a checkout: a grid runs from any folder
+    "clip": {"module": "magclip.cli.train_clip", "config": "clip"},
+    "text": {"module": "magclip.cli.train_text", "config": "text"},
 }
 MAIN = "main"
 
@@ -374,8 +376,8 @@ def _launcher(raw: Any) -> tuple[str, list[Step], dict[str, str]]:
     steps: list[Step] = []
     results: dict[str, str] = {}
     if name in BUILTIN_LAUNCHERS:
-        script = BUILTIN_LAUNCHERS[name]["script"]
-        steps.append(Step(["{python}", script, "--config", "{base}", "{overrides}", "name={name}",
+        module = BUILTIN_LAUNCHERS[name]["module"]
+        steps.append(Step(["{python}", "-m", module, "--config", "{base}", "{overrides}", "name={name}",
                            "output_dir={runs_dir}", "{restart}"], "{run_dir}/results.json", trainer=True))
         results[MAIN] = "{run_dir}/results.json"
     elif name != "custom":

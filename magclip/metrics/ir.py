@@ -22,10 +22,11 @@ top k, else 0, averaged over queries). It is computed here because trec_eval's `
 cut-off; documents are ordered exactly as trec_eval orders them (score descending, ties broken by
 document id descending), so it equals pytrec_eval's `recip_rank` on the run truncated to k.
 
-Identical ids: BEIR drops a retrieved document whose id equals the query id (some datasets, e.g.
-ArguAna and Quora, put the query itself in the corpus). `search_run` does the same by default:
-it retrieves k + 1, removes a document with the query's id, keeps k, and reports how many it
-removed. Means are over the queries that have judgements (pytrec_eval's convention).
+Left-out documents: `search_run` takes `exclude`, {query id: document id} to leave out of that
+query's ranking (the query itself where a corpus holds its queries, as ArguAna and Quora do; the
+caller decides which, magclip.data.beir.identical_id_exclusions): it retrieves k + 1, removes that
+document, keeps k, and reports how many it removed. Means are over the queries that have judgements
+(pytrec_eval's convention).
 """
 
 from __future__ import annotations
@@ -101,12 +102,13 @@ def search(queries: Tensor, docs: Tensor, scorer: Scorer | str, k: int, *, backe
 
 
 def search_run(queries: Tensor, docs: Tensor, query_ids: Sequence[str], doc_ids: Sequence[str], scorer: Scorer | str,
-               k: int = 100, *, ignore_identical_ids: bool = True, backend: str = "auto") -> tuple[Run, int]:
+               k: int = 100, *, exclude: Mapping[str, str] | None = None, backend: str = "auto") -> tuple[Run, int]:
     """A TREC-style run {query id: {doc id: score}} with the top k per query, and the number of
-    self-matches (doc id == query id) removed."""
+    documents removed because `exclude` names them for their query."""
     if len(query_ids) != queries.shape[0] or len(doc_ids) != docs.shape[0]:
         raise ValueError("ids and vectors differ in length")
-    extra = 1 if ignore_identical_ids else 0
+    exclude = exclude or {}
+    extra = 1 if exclude else 0
     scores, idx = search(queries, docs, scorer, k + extra, backend=backend)
     run: Run = {}
     removed = 0
@@ -116,7 +118,7 @@ def search_run(queries: Tensor, docs: Tensor, query_ids: Sequence[str], doc_ids:
             if j < 0:
                 continue
             did = doc_ids[j]
-            if ignore_identical_ids and did == qid:
+            if exclude.get(qid) == did:
                 removed += 1
                 continue
             if len(hits) < k:
@@ -196,7 +198,7 @@ class Retrieval:
 
 
 def retrieve(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str], corpus_texts: Mapping[str, str],
-             scorer: Scorer | str, k: int, *, ignore_identical_ids: bool = True, backend: str = "auto") -> Retrieval:
+             scorer: Scorer | str, k: int, *, exclude: Mapping[str, str] | None = None, backend: str = "auto") -> Retrieval:
     """Encode queries (side "query") and documents (side "passage") with `encode(texts, side)` and search."""
     qids, dids = list(queries), list(corpus_texts)
     t0 = time.perf_counter()
@@ -204,8 +206,7 @@ def retrieve(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, s
     t1 = time.perf_counter()
     query_vecs = encode([queries[q] for q in qids], "query")
     t2 = time.perf_counter()
-    run, removed = search_run(query_vecs, doc_vecs, qids, dids, scorer, k,
-                              ignore_identical_ids=ignore_identical_ids, backend=backend)
+    run, removed = search_run(query_vecs, doc_vecs, qids, dids, scorer, k, exclude=exclude, backend=backend)
     t3 = time.perf_counter()
     timings = {"encode_docs_s": round(t1 - t0, 2), "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
     return Retrieval(qids, dids, query_vecs, doc_vecs, run, removed, k, timings)
@@ -214,15 +215,16 @@ def retrieve(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, s
 def evaluate_retrieval(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str],
                        corpus_texts: Mapping[str, str], qrels: Qrels, scorer: Scorer | str, *,
                        metrics: Sequence[str] = DEFAULT_METRICS, k: int | None = None,
-                       ignore_identical_ids: bool = True, backend: str = "auto",
+                       exclude: Mapping[str, str] | None = None, backend: str = "auto",
                        keep: list[Retrieval] | None = None) -> dict[str, Any]:
-    """`retrieve` + `evaluate_run`: the metric means plus `queries`, `docs`, `removed_identical`, timings, scorer.
+    """`retrieve` + `evaluate_run`: the metric means plus `queries`, `docs`, `removed_identical` (documents
+    `exclude` removed from the top k), timings, scorer.
 
     `keep`: a list that receives the `Retrieval` (vectors and run), for diagnostics on the same search.
     """
     scorer = Scorer.build(scorer)
     k = k or max(parse_metric(m)[1] for m in metrics)
-    r = retrieve(encode, queries, corpus_texts, scorer, k, ignore_identical_ids=ignore_identical_ids, backend=backend)
+    r = retrieve(encode, queries, corpus_texts, scorer, k, exclude=exclude, backend=backend)
     if keep is not None:
         keep.append(r)
     out = evaluate_run(qrels, r.run, metrics)

@@ -21,7 +21,7 @@ from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
-from magclip.similarity import Scorer, evaluation_scorers, make_scorer
+from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.engine import Engine, TrainModule, make_accelerator
 from magclip.training.run import (
@@ -58,15 +58,20 @@ class CLIPTrainModule(TrainModule):
 
 
 def build_loss(cfg: LossConfig) -> CLIPLoss:
-    """Scorers per direction from the config; learnable directions may share one exponent pair."""
-    shared = make_scorer("learnable", cfg.gamma_q, cfg.gamma_d) if cfg.share_learnable else None
+    """Scorers per direction from the config (`resolve_specs`' training rule: one exponent pair for the
+    free modes); learnable directions may share one exponent pair."""
+    directions = {d: m for d, m in (("i2t", cfg.i2t), ("t2i", cfg.t2i)) if m is not None}
+    specs = dict(zip(directions, resolve_specs(list(directions.values()), cfg.gamma_q, cfg.gamma_d, where="loss")))
+    shared = next((Scorer.from_spec(s) for s in specs.values() if s.mode == "learnable"), None) \
+        if cfg.share_learnable else None
 
-    def scorer(mode: str | None) -> Scorer | None:
-        if mode is None:
+    def scorer(direction: str) -> Scorer | None:
+        if direction not in specs:
             return None
-        return shared if (shared is not None and mode == "learnable") else make_scorer(mode, cfg.gamma_q, cfg.gamma_d)
+        spec = specs[direction]
+        return shared if (shared is not None and spec.mode == "learnable") else Scorer.from_spec(spec)
 
-    return CLIPLoss(scorer(cfg.i2t), scorer(cfg.t2i), cfg.i2t_weight, cfg.t2i_weight,
+    return CLIPLoss(scorer("i2t"), scorer("t2i"), cfg.i2t_weight, cfg.t2i_weight,
                     local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad)
 
 
@@ -136,7 +141,8 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
             "config": to_dict(cfg)})
 
     write_run_config(cfg, run_dir, accelerator)
-    engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate)
+    engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
+                    run_config=to_dict(cfg))
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

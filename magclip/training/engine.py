@@ -12,9 +12,10 @@ parameters after a step) and a loader factory. The engine owns what every contra
   taken over the whole accumulated batch, so negatives span it (naive accumulation would not);
 - gradient clipping; non-finite steps skipped and counted, the run stopped with the step number
   after `max_nonfinite_steps` in a row;
-- atomic checkpoints (latest + every N) with optimizer, scheduler, RNG and data position, so
-  `resume=latest` continues exactly;
-- metrics.jsonl + tensorboard on the main process; tqdm on the main process only.
+- checkpoints (latest + every N) with optimizer, scheduler, RNG, data position and the recent-loss
+  window, so `resume=latest` continues exactly; the files are `Checkpointer`'s (training/checkpoints.py);
+- log records (metrics.jsonl + tensorboard, `MetricsLog` in training/metrics_log.py) and tqdm on the
+  main process only.
 
 The data loader is *not* passed through `accelerator.prepare`: webdataset loaders already shard
 by rank, and accelerate would re-dispatch batches from rank 0.
@@ -23,13 +24,9 @@ by rank, and accelerate would re-dispatch batches from rank 0.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
-import random
-import shutil
-import threading
 import time
 from collections import Counter, deque
 from contextlib import nullcontext
@@ -38,7 +35,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
@@ -47,15 +43,23 @@ from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
 from magclip.distributed import naming_lost_ranks
-from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
+from magclip.training.checkpoints import (
+    CheckpointWriteError,
+    Checkpointer,
+    get_rng_state,
+    resolve_resume,
+    set_rng_state,
+    tidy_interrupted_writes,
+)
+from magclip.training.metrics_log import MetricsLog
+
+__all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "TrainModule", "make_accelerator"]
 
 log = logging.getLogger("magclip.training.engine")
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
-STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
 SHORTFALL = "epoch_shortfall_micro_batches"  # micro-batches an epoch lacked: no usable data was left
-RECENT_LOSS_STEPS = 20
-TB_CLOSE_TIMEOUT_S = 5.0  # an interrupt must not wait on tensorboard's flush thread (it could hang for minutes)  # results.json's train_loss_recent: mean loss over the last this many steps
+RECENT_LOSS_STEPS = 20  # results.json's train_loss_recent: mean loss over the last this many steps
 
 
 class TrainModule(nn.Module):
@@ -89,10 +93,6 @@ class TrainModule(nn.Module):
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (disk full, I/O error); the previous one is untouched."""
 
 
 @dataclass
@@ -163,7 +163,8 @@ class Engine:
     def __init__(self, cfg: TrainConfig, accelerator: Accelerator, module: nn.Module, run_dir: Path,
                  make_loader: Callable[[int], Iterable[dict]], steps_per_epoch: int,
                  save_model: Callable[[nn.Module, Path], None],  # (module, step folder): writes the model
-                 evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None):
+                 evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
+                 run_config: dict[str, Any] | None = None):  # the resolved config, kept in each checkpoint
         self.cfg = cfg
         self.acc = accelerator
         self.run_dir = run_dir
@@ -175,7 +176,6 @@ class Engine:
         if self.total_steps < 1:
             raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
-        self.save_model = save_model
         self.evaluate = evaluate
         optimizer = torch.optim.AdamW(param_groups(module, cfg.weight_decay, cfg.loss_lr), lr=cfg.lr,
                                       betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
@@ -187,8 +187,9 @@ class Engine:
         self.state = LoopState()
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=RECENT_LOSS_STEPS)
         self.ckpt_dir = run_dir / "checkpoints"
-        self._metrics_file = None
-        self._tb = None
+        self.checkpointer = Checkpointer(self.ckpt_dir, save_model, run_config)
+        self.metrics = MetricsLog(run_dir, enabled=accelerator.is_main_process)
+        self._log_norms: list[torch.Tensor] | None = None  # mean feature norms of a logged step (0-d tensors)
 
     @property
     def unwrapped(self) -> nn.Module:
@@ -203,10 +204,12 @@ class Engine:
     def _fit(self) -> LoopState:
         if self.cfg.resume:
             if self.acc.is_main_process:
-                self._tidy_interrupted_writes()
+                tidy_interrupted_writes(self.ckpt_dir)
             self.acc.wait_for_everyone()
-            self.load_checkpoint(self._resolve_resume(self.cfg.resume))
-        self._open_logs()
+            start = resolve_resume(self.cfg.resume, self.ckpt_dir)
+            if start is not None:  # None: 'auto' found no checkpoint
+                self.load_checkpoint(start)
+        self.metrics.open()
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
                    desc="train", dynamic_ncols=True)
         self._rate_mark = (time.perf_counter(), self.state.samples_seen)
@@ -272,10 +275,10 @@ class Engine:
             # checkpoint). With 0 loader workers the replayed batches' augmentations draw from the
             # global RNGs just restored from the checkpoint: put them back, so that the next batch
             # starts from the saved state as in an unbroken run.
-            rng = _get_rng_state()
+            rng = get_rng_state()
             for _ in range(self.state.batches_in_epoch):
                 next(loader)
-            _set_rng_state(rng)
+            set_rng_state(rng)
         while self.state.batches_in_epoch < limit:
             group = list(itertools.islice(loader, accum))
             if len(group) < accum:
@@ -374,22 +377,11 @@ class Engine:
             self.model.eval()
             with torch.no_grad(), self.acc.autocast():
                 metrics = self.evaluate(self.unwrapped, self.state.step)
-            self._write_metrics({"step": self.state.step, "epoch": self.state.epoch,
-                                 **{f"val/{k}": v for k, v in metrics.items()}})
+            self.metrics.write({"step": self.state.step, "epoch": self.state.epoch,
+                                **{f"val/{k}": v for k, v in metrics.items()}})
         with naming_lost_ranks(f"the evaluation after step {self.state.step}"):
             self.acc.wait_for_everyone()
         return metrics
-
-    def _open_logs(self) -> None:
-        if not self.acc.is_main_process:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics_file = open(self.run_dir / "metrics.jsonl", "a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-        except ImportError:  # tensorboard is a dependency; a broken install only loses the event files
-            log.warning("tensorboard is not importable; metrics.jsonl only")
 
     def _log(self, out: dict[str, torch.Tensor], samples_per_s: float) -> None:
         record: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch,
@@ -402,90 +394,33 @@ class Engine:
         skipped = self.reduce_counts(self.state.skipped_samples)
         record["skipped"] = dict(skipped)
         record["skipped_total"] = sum(skipped.values())
-        self._write_metrics(record)
-
-    def _write_metrics(self, record: dict[str, Any]) -> None:
-        if not self.acc.is_main_process or self._metrics_file is None:
-            return
-        self._metrics_file.write(json.dumps(record) + "\n")
-        self._metrics_file.flush()
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k not in ("step",):
-                    self._tb.add_scalar(k, v, record["step"])
-            self._tb.flush()
+        self.metrics.write(record)
 
     def reduce_counts(self, counts: Counter) -> Counter:
         """Sum per-rank counters over all ranks (every rank must call this)."""
+        return _sum_counts(self._gather_counts(counts))
+
+    def _gather_counts(self, counts: Counter) -> list[dict[str, int]]:
+        """Every rank's counts, in rank order (they differ: each rank reads its own shards); a collective."""
         if self.acc.num_processes == 1:
-            return Counter(counts)
-        gathered = [None] * self.acc.num_processes
-        with naming_lost_ranks("the sum of skipped samples over ranks"):
+            return [dict(counts)]
+        gathered: list[Any] = [None] * self.acc.num_processes
+        with naming_lost_ranks("the exchange of skipped-sample counts between ranks"):
             torch.distributed.all_gather_object(gathered, dict(counts))
-        return _sum_counts(gathered)
+        return gathered
 
     def close(self) -> None:
-        if self._metrics_file is not None:
-            self._metrics_file.close()
-        if self._tb is not None:
-            close_within(self._tb.close, TB_CLOSE_TIMEOUT_S, "tensorboard writer")
+        self.metrics.close()
 
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """checkpoints/step_N/{the task's model files, state.pt}, written in a temp dir and renamed; then `latest`
-        points at it."""
+        """checkpoints/step_N of the current step (the main process writes; every process calls it)."""
+        skips_by_rank = self._gather_counts(self.state.skipped_samples)  # a resume gives each rank its own back
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
-        skips_by_rank = self._skips_by_rank()  # every rank calls this; a resume gives each rank its own counts back
         if self.acc.is_main_process:
-            tmp = self.ckpt_dir / f".tmp_step_{self.state.step:08d}"
-            try:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                self.save_model(self.unwrapped, tmp)
-                atomic_torch_save(self._training_state(skips_by_rank), tmp / "state.pt")
-                publish_dir(tmp, final)
-                atomic_write_text(self.ckpt_dir / "latest", final.name + "\n")
-            except BaseException as exn:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not isinstance(exn, (OSError, RuntimeError)):
-                    raise
-                # torch.save on a full disk says only "unexpected pos N vs M": name what failed
-                pointer = self.ckpt_dir / "latest"
-                previous = pointer.read_text().strip() if pointer.is_file() else None
-                msg = (f"could not write checkpoint {final} (disk full or not writable?): "
-                       f"{type(exn).__name__}: {exn}; " +
-                       (f"the previous checkpoint {self.ckpt_dir / previous} is intact and {pointer} still points "
-                        "at it: free space and continue with train.resume=latest" if previous
-                        else "no earlier checkpoint exists"))
-                code = exn.errno if isinstance(exn, OSError) else None  # ENOSPC stays visible to callers
-                raise (CheckpointWriteError(code, msg) if code else CheckpointWriteError(msg)) from exn
+            self.checkpointer.save(self.unwrapped, self._training_state(skips_by_rank), self.state.step)
         self.acc.wait_for_everyone()
         return final
-
-    def _tidy_interrupted_writes(self) -> None:
-        """Before a resume: undo or remove what checkpoint writes killed mid-way left behind (a
-        step folder moved aside while being replaced, temp folders and files; nothing reads them)."""
-        if not self.ckpt_dir.is_dir():
-            return
-        for old in self.ckpt_dir.glob(".step_*.old"):
-            final = self.ckpt_dir / old.name[1:-len(".old")]
-            if recover_dir(final):
-                log.warning("restored %s, left aside by a checkpoint write that was interrupted", final)
-        for junk in [*self.ckpt_dir.glob(".tmp_step_*"), *self.ckpt_dir.glob(".latest.*.tmp")]:
-            log.info("removing %s, left by an interrupted checkpoint write", junk)
-            if junk.is_dir():
-                shutil.rmtree(junk, ignore_errors=True)
-            else:
-                junk.unlink(missing_ok=True)
-
-    def _skips_by_rank(self) -> list[dict[str, int]]:
-        """Each rank's skip counts (they differ: each rank reads its own shards), in rank order."""
-        mine = dict(self.state.skipped_samples)
-        if self.acc.num_processes == 1:
-            return [mine]
-        gathered: list[Any] = [None] * self.acc.num_processes
-        torch.distributed.all_gather_object(gathered, mine)
-        return gathered
 
     def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None) -> dict[str, Any]:
         return {
@@ -495,26 +430,13 @@ class Engine:
             "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
             "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
                      "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples),
-                     "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)]},
-            "rng": _get_rng_state(),
+                     "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)],
+                     "recent_losses": [float(x) for x in self._recent_losses]},  # train_loss_recent after a resume
+            "rng": get_rng_state(),
         }
 
-    def _resolve_resume(self, resume: str) -> Path:
-        if resume != "latest":
-            return Path(resume)
-        pointer = self.ckpt_dir / "latest"
-        if not pointer.is_file():
-            raise FileNotFoundError(f"resume=latest but {pointer} does not exist: no checkpoint to resume from")
-        return self.ckpt_dir / pointer.read_text().strip()
-
     def load_checkpoint(self, path: Path) -> None:
-        state_file = path / "state.pt"
-        if not state_file.is_file():
-            raise FileNotFoundError(f"checkpoint {path} has no state.pt")
-        state = safe_torch_load(state_file)  # a checkpoint folder is user input: nothing in it may run code
-        missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
-        if missing:
-            raise ValueError(f"{state_file} is not a magclip training state: no {', '.join(missing)}")
+        state = self.checkpointer.load_state(path)
         self.unwrapped.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -523,7 +445,9 @@ class Engine:
         loop = state["loop"]
         self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
                                samples_seen=loop["samples_seen"], skipped_samples=self._own_skips(loop))
-        _set_rng_state(state["rng"])
+        self._recent_losses.clear()
+        self._recent_losses.extend(torch.tensor(x, device=self.acc.device) for x in loop.get("recent_losses", []))
+        set_rng_state(state["rng"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batches_in_epoch)
 
@@ -543,34 +467,6 @@ def _sum_counts(counts: Iterable[dict[str, int]]) -> Counter:
     for c in counts:
         total.update(c)
     return total
-
-
-def close_within(close: Callable[[], None], seconds: float, what: str) -> None:
-    """Run `close` in a daemon thread and wait at most `seconds`; log if it did not finish (its
-    buffered events may be lost, the run's own files are not)."""
-    worker = threading.Thread(target=close, name=f"close {what}", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
-        log.warning("%s did not close within %.0f s; not waiting for it", what, seconds)
-
-
-def _get_rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain values, so that state.pt loads with weights_only=True."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    return {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def _set_rng_state(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"])
-    n = rng["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    random.setstate(rng["python"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def _batch_size(batch: dict) -> int:

@@ -23,9 +23,10 @@ from typing import Any
 from accelerate import Accelerator
 
 from magclip import distributed
-from magclip.config import ConfigError, dump_config, to_dict
+from magclip.config import ConfigError, dump_config, flatten, to_dict
 from magclip.io import atomic_write_json, umask_mode
 from magclip.metrics.ranks import save_per_query_ranks
+from magclip.training.checkpoints import check_resume_config, latest_step, resolve_resume, tidy_interrupted_writes
 from magclip.training.engine import Engine, LoopState
 
 LOCK_FILE = ".magclip.lock"  # "pid host" of the process that trains into the folder
@@ -41,33 +42,43 @@ class RunDirBusyError(FileExistsError):
 def prepare_run_dir(cfg: Any, accelerator: Accelerator) -> Path:
     """The run folder `output_dir/name`, claimed for this run: a folder another live process trains
     into is refused at once, naming it; a finished or started run is never replaced unless
-    `overwrite=true`; a resume keeps it. Every process waits until the main one has decided.
-    Before any of it, every rank must have the same config (`check_same_config`)."""
+    `overwrite=true`; a resume keeps it, and is refused when its config would change the experiment
+    of the checkpoint it continues (`checkpoints.check_resume_config`). Every process waits until the
+    main one has decided, then `cfg.train.resume` holds the step folder the run starts from (None: a
+    fresh start, also where `auto` found no checkpoint). Before any of it, every rank must have the
+    same config (`check_same_config`). Nothing is written before every check has passed."""
     check_same_config(cfg, accelerator)
     run_dir = cfg.run_dir
+    ckpt_dir = run_dir / "checkpoints"
     if accelerator.is_main_process:
         _refuse_if_busy(run_dir)
-        if cfg.train.resume is None and run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
-            if not cfg.overwrite:
-                finished = (run_dir / "results.json").exists()
-                raise FileExistsError(
-                    f"run directory {run_dir} already holds a {'finished' if finished else 'started'} run; "
-                    "pass overwrite=true to replace it, train.resume=latest to continue it, or another name=")
-            shutil.rmtree(run_dir)
+        if cfg.train.resume is not None:
+            tidy_interrupted_writes(ckpt_dir)
+        start = resolve_resume(cfg.train.resume, ckpt_dir)
+        if start is not None:
+            check_resume_config(to_dict(cfg), start)
+        elif run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
+            _replace_earlier_run(cfg, run_dir)
         _claim(run_dir)
     with distributed.naming_lost_ranks("the run folder set-up (the main process's log says why it stopped)"):
         accelerator.wait_for_everyone()
+    start = resolve_resume(cfg.train.resume, ckpt_dir)
+    cfg.train.resume = None if start is None else str(start)
     return run_dir
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+def _replace_earlier_run(cfg: Any, run_dir: Path) -> None:
+    """A fresh start in a folder that holds files: only with `overwrite=true`, or with `train.resume=auto`
+    when an earlier attempt stopped before its first checkpoint (nothing of it can be continued)."""
+    finished = (run_dir / "results.json").exists()
+    if cfg.train.resume == "auto" and not finished and not cfg.overwrite:
+        log.warning("train.resume=auto: %s holds no checkpoint (an earlier attempt stopped before its first one); "
+                    "starting afresh", run_dir)
+    elif not cfg.overwrite:
+        raise FileExistsError(
+            f"run directory {run_dir} already holds a {'finished' if finished else 'started'} run; "
+            "pass overwrite=true to replace it, train.resume=latest to continue it, or another name=")
+    shutil.rmtree(run_dir)
 
 
 def check_same_config(cfg: Any, accelerator: Accelerator) -> None:
@@ -75,7 +86,7 @@ def check_same_config(cfg: Any, accelerator: Accelerator) -> None:
     collective; it also introduces the ranks to each other (hosts, addresses: a lost rank is named
     by them later). Logs "rank R of W on HOST" on every rank. A difference is a ConfigError on
     every rank, naming each differing key with its value per rank, before anything is written."""
-    flat = {k: v for k, v in _flatten(to_dict(cfg)).items() if k not in HOST_KEYS}
+    flat = {k: v for k, v in flatten(to_dict(cfg)).items() if k not in HOST_KEYS}
     digest = hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:12]
     ranks = distributed.introduce({"digest": digest, "config": flat}) if accelerator.num_processes > 1 else []
     if not ranks:
@@ -157,8 +168,7 @@ def write_run_config(cfg: Any, run_dir: Path, accelerator: Accelerator) -> None:
 
 def latest_checkpoint(engine: Engine) -> Path:
     """The step folder that checkpoints/latest names (the checkpoints folder when none was written)."""
-    pointer = engine.ckpt_dir / "latest"
-    return engine.ckpt_dir / pointer.read_text().strip() if pointer.is_file() else engine.ckpt_dir
+    return latest_step(engine.ckpt_dir) or engine.ckpt_dir
 
 
 def loop_record(engine: Engine, state: LoopState, skipped: Counter, started: float) -> dict[str, Any]:

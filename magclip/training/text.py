@@ -153,7 +153,8 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
             zero_shot = evaluate(module, 0)
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
-                    evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None)  # alike on every rank
+                    evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
+                    run_config=to_dict(cfg))
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

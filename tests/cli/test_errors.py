@@ -68,3 +68,24 @@ def test_bad_input_and_help_come_before_any_heavy_import(command, argv, tmp_path
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "heavy: []", proc.stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mode", "learnable"], "--mode: mode 'learnable' needs both gamma_q and gamma_d for evaluation"),
+    (["--mode", "fixed", "--gamma-q", "0.3"], "--mode: mode 'fixed' needs both gamma_q and gamma_d for evaluation"),
+    (["--mode", "qnorm", "--gamma-q", "0.3"], "--mode: gamma_q is set but no mode has free exponents (qnorm)"),
+    (["--gamma-d", "0.3"], "--gamma-q/--gamma-d go with --mode fixed or learnable"),
+])
+@pytest.mark.parametrize("command", ["beir", "zeroshot", "diagnose"])
+def test_scoring_flags_mean_the_same_in_every_command(command, flags, message, tmp_path):
+    """One rule (modes.resolve_specs, evaluation): beir once scored `--mode learnable` silently at (0.5, 0.5)
+    and ignored `--mode qnorm --gamma-q 0.3`, which zeroshot refused."""
+    import importlib
+
+    main = importlib.import_module(f"magclip.cli.{command}").main
+    inputs = {"beir": ["--data", str(tmp_path), "--out", "r.json"],
+              "zeroshot": ["--model", "tiny-resnet", "--data", "x.tar", "--out", "r.json"],
+              "diagnose": ["--model", "tiny-resnet", "--out", str(tmp_path / "d")]}[command]
+    with pytest.raises(ValueError) as err:
+        main([*inputs, *flags])
+    assert message in str(err.value)

@@ -265,7 +265,7 @@ def test_shipped_grids_load_validate_and_print(name, cells, launcher, tmp_path, 
     assert len(grid.cells()) == cells
     assert _cli()(["--grid", path, "--output-dir", str(tmp_path), "--print-commands"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    prefix = f"python train/{launcher}.py --config configs/{launcher}/"
+    prefix = f"python -m magclip.cli.train_{launcher} --config configs/{launcher}/"
     assert len(lines) == cells and all(line.startswith(prefix) for line in lines)
 
 
@@ -287,7 +287,7 @@ def test_synthetic_grid_end_to_end_kill_and_resume(tmp_path, capsys, monkeypatch
 
     assert main(["--grid", str(grid_path), "--print-commands"]) == 0
     commands = capsys.readouterr().out.strip().splitlines()
-    assert len(commands) == 4 and all("train/clip.py" in c and "overwrite=true" in c for c in commands)
+    assert len(commands) == 4 and all("-m magclip.cli.train_clip" in c and "overwrite=true" in c for c in commands)
 
     # a grid stopped after two cells
     assert main(["--grid", str(grid_path), "--max-cells", "2", "--no-plots"]) == 0

@@ -80,12 +80,12 @@ def test_qnorm_ranks_like_dot_and_dnorm_like_cosine_per_query():
         assert all(list(ra[k]) == list(rb[k]) for k in ra)
 
 
-def test_identical_ids_are_dropped_like_beir():
+def test_search_run_leaves_out_only_the_documents_it_is_told_to():
     q = torch.tensor([[1.0, 0.0]])
     d = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
-    run, removed = search_run(q, d, ["self"], ["self", "other", "far"], "cosine", k=2)
+    run, removed = search_run(q, d, ["self"], ["self", "other", "far"], "cosine", k=2, exclude={"self": "self"})
     assert removed == 1 and list(run["self"]) == ["other", "far"]
-    run, removed = search_run(q, d, ["self"], ["self", "other", "far"], "cosine", k=2, ignore_identical_ids=False)
+    run, removed = search_run(q, d, ["self"], ["self", "other", "far"], "cosine", k=2)
     assert removed == 0 and list(run["self"]) == ["self", "other"]
 
 

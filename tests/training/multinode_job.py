@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout
 import torch.distributed as dist
 
 from magclip.cli.train_clip import console
+from magclip.training import checkpoints as checkpoints_module
 from magclip.training import engine as engine_module
 
 OUT = Path(os.environ["MAGCLIP_TEST_RECORD"])
@@ -28,7 +29,7 @@ batches: list[dict] = []
 published: list[str] = []
 
 _count_skips = engine_module.Engine._count_skips
-_publish_dir = engine_module.publish_dir
+_publish_dir = checkpoints_module.publish_dir
 _save_checkpoint = engine_module.Engine.save_checkpoint
 
 
@@ -61,7 +62,7 @@ def record() -> None:
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(float(os.environ.get("MAGCLIP_TEST_HANG_S", 300)), exit=True)
     engine_module.Engine._count_skips = count_skips
-    engine_module.publish_dir = publish_dir
+    checkpoints_module.publish_dir = publish_dir
     engine_module.Engine.save_checkpoint = save_checkpoint
     OUT.mkdir(parents=True, exist_ok=True)
     console()

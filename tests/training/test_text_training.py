@@ -188,7 +188,7 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
 
 def test_mined_negatives_are_unjudged_top_results(tmp_path):
     from magclip.models.text import BiEncoder
-    from magclip.data.mining import mine_hard_negatives
+    from magclip.evaluation.mining import mine_hard_negatives
 
     rows = toy_rows(10)
     beir, _ = write_toy_eval(tmp_path, rows)

@@ -1,7 +1,7 @@
 """The body of eval/diagnose.py: magnitude diagnostics, length confounds and the Fisher predictor for
 a text bi-encoder or a CLIP model, written to OUT/diagnostics.json with PNG plots. `args` are the
 command's options (`magclip.cli.diagnose.build_parser`); the statistics themselves live in
-`magnitude`, `length` and `fisher` beside this file."""
+magclip.diagnostics (`magnitude`, `length`, `fisher`), the floor below this one."""
 
 from __future__ import annotations
 
@@ -46,9 +46,6 @@ def run_diagnostics(args) -> dict[str, Any]:
     res["magclip_version"] = magclip.__version__
     res["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     atomic_write_json(out / "diagnostics.json", res)
-    res["magclip_version"] = magclip.__version__
-    res["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    atomic_write_json(out / "diagnostics.json", res)
     return res
 
 
@@ -77,7 +74,7 @@ def run_text(args, out: Path) -> dict[str, Any]:
     from magclip.models.text import BiEncoder
 
     if not args.beir:
-        raise SystemExit("--text-model needs --beir FOLDER")
+        raise ValueError("--text-model needs --beir FOLDER")
     model = BiEncoder.from_pretrained(args.text_model)
     data = load_beir(args.beir, args.split)
     if args.max_queries or args.max_docs:
@@ -142,7 +139,7 @@ def run_clip(args, out: Path) -> dict[str, Any]:
     elif args.data:
         urls = args.data
     else:
-        raise SystemExit("CLIP needs --data SHARDS or --synthetic")
+        raise ValueError("CLIP needs --data SHARDS or --synthetic")
     bn = args.batchnorm if args.batchnorm != "auto" else ("batch" if random_init else "eval")
     res: dict[str, Any] = {"kind": "clip", "model": model.model_name, "checkpoint": model.source.get("checkpoint"),
                            "pretrained": model.source.get("pretrained"), "random_init": random_init, "data": urls,
