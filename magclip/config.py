@@ -275,15 +275,21 @@ def _yaml_where(exn: yaml.YAMLError) -> str:
 
 
 def from_dict(schema: type, raw: dict[str, Any], where: str = "") -> Any:
-    """Build the dataclass `schema` from a nested dict, naming any unknown key or bad type."""
+    """Build the dataclass `schema` from a nested dict, naming any unknown, missing or badly typed key.
+    The one schema machinery of magclip's YAML files: run configs, and the grid files of
+    magclip.experiments.grid (a field typed `Any` takes any YAML value, checked by its owner)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where or 'config'} must be a mapping, got {raw!r}")
+        raise ConfigError(f"{where.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ConfigError(f"unknown config key {where + unknown[0]!r}; allowed in "
                           f"{where.rstrip('.') or 'the top level'}: {', '.join(fields)}")
+    missing = [name for name, f in fields.items() if name not in raw and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"config key {where + missing[0]!r} is required")
     values = {}
     for name, value in raw.items():
         values[name] = _coerce(hints[name], value, f"{where}{name}")
@@ -291,11 +297,16 @@ def from_dict(schema: type, raw: dict[str, Any], where: str = "") -> Any:
 
 
 def _coerce(kind: Any, value: Any, key: str) -> Any:
+    if kind is Any:
+        return value
     if dataclasses.is_dataclass(kind):
         return from_dict(kind, value, key + ".")
     if typing.get_origin(kind) is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ConfigError(f"config key {key!r} must be a mapping of names to strings, got {value!r}")
+        any_values = typing.get_args(kind)[1:] == (Any,)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and (any_values or isinstance(v, str))
+                                                  for k, v in value.items()):
+            what = "names" if any_values else "names to strings"
+            raise ConfigError(f"config key {key!r} must be a mapping of {what}, got {value!r}")
         return dict(value)
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union else (kind,)
     if value is None:

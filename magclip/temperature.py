@@ -104,6 +104,8 @@ def scale_matching_cosine(scorer: Scorer, queries: torch.Tensor, docs: torch.Ten
     A prepared vector has norm ||x||^(1 - gamma); the typical score magnitude is the product of
     the mean prepared norms, so dividing the cosine scale by it equalises the starting logits.
     """
+    if (scorer.gamma_q, scorer.gamma_d) == (1.0, 1.0):  # unit vectors: cosine's own scale, not a rounding of it
+        return float(cosine_scale)
     with torch.no_grad():
         q = scorer.prepare_queries(queries).norm(dim=-1).mean()
         d = scorer.prepare_docs(docs).norm(dim=-1).mean()

@@ -62,3 +62,12 @@ def test_match_cosine_temperature_stays_within_the_cap():
     tiny = torch.full((4, 8), 1e-3)
     scale = LogitScale.for_mode("dot")
     assert match_cosine_temperature(scale, Scorer("dot"), tiny, tiny) == scale.max_scale == pytest.approx(scale.value)
+
+
+def test_matching_cosine_is_exactly_cosines_scale_for_unit_vectors():
+    """A recipe may set loss.logit_scale_from_norms for every mode: cosine then starts at its own scale
+    exactly (20 for text), not at a float rounding of it."""
+    q, d = torch.randn(8, 16) * 3, torch.randn(8, 16) * 5
+    assert scale_matching_cosine(Scorer("cosine"), q, d, 20.0) == 20.0
+    assert scale_matching_cosine(Scorer("learnable", 1.0, 1.0), q, d, 20.0) == 20.0
+    assert scale_matching_cosine(Scorer("dot"), q, d, 20.0) != 20.0

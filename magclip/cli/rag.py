@@ -41,6 +41,7 @@ from magclip.cli import as_command, check_paths
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
 from magclip.data.beir import doc_text
 from magclip.data.qa import load_distractors, load_qa
+from magclip.evaluation import modes_entry
 from magclip.io import atomic_write_json
 from magclip.metrics.rag import ANSWER_MATCHES, DEFAULT_KS, exact_match
 
@@ -87,11 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         keep = args.k_ctx if args.generator else 0
         out = evaluate_rag(encode, data, scorers, distractors=distractors, ks=args.k, backend=args.backend,
                            keep_ranked=keep, answer_match=args.answer_match)
-        by_mode = out["by_mode"]
-        first = next(iter(by_mode))
-        entry = {**by_mode[first], "mode": first}
-        if len(by_mode) > 1:
-            entry["modes"] = by_mode
+        first = next(iter(out["modes"]))
+        entry = modes_entry(out["modes"])
         entry.update({"passages": out["passages"], "distractor_passages": out["distractor_passages"],
                       "distractors": counts, "gold_source": data.gold_source, "warnings": data.warnings,
                       "doc_norm_mean": out["doc_norm_mean"], "query_norm_mean": out["query_norm_mean"],

@@ -1,12 +1,13 @@
 """Fine-tune a text bi-encoder (query -> document retrieval) with a magnitude-aware similarity.
 
-    python train/text.py --config configs/text/cosine.yaml                       # MiniLM on SciFact train, cosine
-    python train/text.py --config configs/text/qnorm.yaml train.max_steps=50 name=qnorm_50
-    python train/text.py --config configs/text/dot.yaml data.group_size=2 data.random_negatives=4
-    python train/text.py --config configs/text/cosine.yaml data.beir=null data.train=pairs.jsonl
-    python train/text.py --config configs/text/cosine.yaml train.resume=latest
-    torchrun --nproc_per_node 2 train/text.py --config configs/text/cosine.yaml   # 2 processes on CPU (gloo)
-    accelerate launch --config_file configs/accelerate/multi_gpu.yaml train/text.py --config configs/text/qnorm.yaml
+    python train/text.py --config configs/text/scifact.yaml                      # MiniLM on SciFact train, cosine
+    python train/text.py --config configs/text/scifact.yaml loss.mode=qnorm train.max_steps=50 name=qnorm_50
+    python train/text.py --config configs/text/scifact.yaml loss.mode=dot data.group_size=2 data.random_negatives=4
+    python train/text.py --config configs/text/scifact.yaml data.beir=null data.train=pairs.jsonl
+    python train/text.py --config configs/text/scifact.yaml train.resume=latest
+    torchrun --nproc_per_node 2 train/text.py --config configs/text/scifact.yaml   # 2 processes on CPU (gloo)
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml train/text.py --config configs/text/scifact.yaml \\
+        loss.mode=qnorm
 
 Training pairs from a BEIR split (JSONL of {query, positive: [..], negatives: [..]}):
 
@@ -14,7 +15,7 @@ Training pairs from a BEIR split (JSONL of {query, positive: [..], negatives: [.
     python train/text.py --make-pairs runs/scifact_train_rand4.jsonl --beir ../shared/data/text/scifact --random-negatives 4
     python train/text.py --make-pairs runs/scifact_train_hn4.jsonl --beir ../shared/data/text/scifact \
         --mine-with minilm --mode cosine --negatives 4 --skip-top 3      # hard negatives retrieved by MiniLM
-    python train/text.py --config configs/text/cosine.yaml data.beir=null data.train=runs/scifact_train_hn4.jsonl \
+    python train/text.py --config configs/text/scifact.yaml data.beir=null data.train=runs/scifact_train_hn4.jsonl \
         data.group_size=3
 
 Mined negatives are the best-ranked documents not judged for the query (any grade), after skipping
@@ -57,7 +58,7 @@ def make_pairs(args) -> None:
 
 
 def main(argv: list[str] | None = None, default_config: str | Path | None = None) -> None:
-    """`default_config`: the YAML used without --config (a checkout's launcher passes configs/text/cosine.yaml)."""
+    """`default_config`: the YAML used without --config (a checkout's launcher passes configs/text/scifact.yaml)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=default_config, help="experiment YAML (default: %(default)s)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=20")

@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
     from magclip.evaluation.emoji import emoji_benchmark
-    from magclip.evaluation.zeroshot import evaluate_zeroshot, format_zeroshot_table, load_classes, resolve_templates
+    from magclip.data.classes import load_classes, resolve_templates
+    from magclip.evaluation.zeroshot import evaluate_zeroshot, format_zeroshot_table
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 

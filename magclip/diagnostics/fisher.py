@@ -385,6 +385,16 @@ def recommend(results: Mapping[str, Mapping[str, Any]], candidates: Sequence[str
 # ============================================================================ models
 
 
+def use_batch_statistics_(model: nn.Module) -> nn.Module:
+    """Put only the BatchNorm layers of `model` in training mode, in place: they normalize with the
+    batch's own statistics (right for a randomly initialised model, whose running statistics are
+    still the (0, 1) defaults)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.train()
+    return model
+
+
 class _Frozen:
     """A float64 (or other dtype) eval-mode copy of a model with only the block trainable.
 
@@ -401,9 +411,7 @@ class _Frozen:
         self.model = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
         self.batchnorm = batchnorm
         if batchnorm == "batch":
-            for m in self.model.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.train()
+            use_batch_statistics_(self.model)
         self.names = select_block(self.model, block)
         named = dict(self.model.named_parameters())
         for p in self.model.parameters():

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from magclip.diagnostics.magnitude import cohens_d, relevance_from_ids, relevance_norms
+from magclip.diagnostics.plots import pyplot, save_figure
 from magclip.metrics.ir import Qrels, Retrieval, Run, evaluate_run
 from magclip.similarity import Scorer
 
@@ -199,9 +200,8 @@ def format_length_table(results: Mapping[str, Mapping[str, Any]], metric: str = 
 
 def plot_norm_vs_length(samples: Mapping[str, np.ndarray], path: str | Path, title: str = "") -> Path:
     """Document norm against token length (log), relevant documents highlighted."""
-    from magclip.diagnostics.magnitude import _plt, _save
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     rel = samples["relevant"]
     ax.scatter(samples["doc_length"][~rel], samples["doc_norm"][~rel], s=4, alpha=0.35, label="other documents")
@@ -212,7 +212,7 @@ def plot_norm_vs_length(samples: Mapping[str, np.ndarray], path: str | Path, tit
     ax.set_ylabel("raw document norm")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _length_stats(lengths: np.ndarray, max_length: int | None) -> dict[str, float]:

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from magclip.diagnostics.plots import pyplot, save_figure
 from magclip.similarity import Scorer
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -336,17 +337,11 @@ def clip_magnitude_report(image_features: Tensor, text_features: Tensor, caption
 # ============================================================================ plots
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
 
 def plot_norm_histograms(samples: Mapping[str, Any], summary: Mapping[str, Any], path: str | Path,
                          title: str = "") -> Path:
     """Two panels (document side, query side): norms of relevant vs top-k non-relevant candidates."""
-    plt = _plt()
+    plt = pyplot()
     qname, dname = samples.get("names", ("query", "document"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, side, cand in ((axes[0], "doc_side", dname), (axes[1], "query_side", qname)):
@@ -365,12 +360,12 @@ def plot_norm_histograms(samples: Mapping[str, Any], summary: Mapping[str, Any],
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_norm_vs_rank(samples: Mapping[str, Any], summary: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
     """Norm of every relevant candidate against its rank (log scale), both sides."""
-    plt = _plt()
+    plt = pyplot()
     qname, dname = samples.get("names", ("query", "document"))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, side, cand in ((axes[0], "doc_side", dname), (axes[1], "query_side", qname)):
@@ -386,7 +381,7 @@ def plot_norm_vs_rank(samples: Mapping[str, Any], summary: Mapping[str, Any], pa
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -422,7 +417,7 @@ def plot_training_curves(metrics_path: str | Path, path: str | Path, title: str 
     series = training_curves(read_metrics(metrics_path))
     if not series:
         return None
-    plt = _plt()
+    plt = pyplot()
     panels = [("exponents", [k for k in series if k.startswith("gamma_")], (-0.05, 1.05)),
               ("logit scale", [k for k in series if k == "logit_scale"], None),
               ("mean raw norm", [k for k in series if k.startswith("norm_")], None)]
@@ -440,18 +435,9 @@ def plot_training_curves(metrics_path: str | Path, path: str | Path, title: str 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    tmp.replace(path)
-    return path
 
 
 # ============================================================================ helpers

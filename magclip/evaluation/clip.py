@@ -12,7 +12,7 @@ training run writes beside its results.json (`results.ranks.npz`) for paired sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,22 +25,31 @@ from magclip.similarity import Scorer
 
 
 @torch.no_grad()
-def encode_loader(clip: RawCLIP, loader, device: torch.device | str) -> dict[str, Any]:
-    """Raw features of every sample in `loader`, with keys and captions, in loader order."""
-    images, texts, keys, captions = [], [], [], []
+def encode_loader(clip: RawCLIP, loader: Iterable[dict], device: torch.device | str,
+                  allow_empty: bool = False) -> dict[str, Any] | None:
+    """Raw features of every sample in `loader`, in loader order: the one CLIP encoding loop of
+    evaluation (training validation, zero-shot, diagnostics). A batch holds "images" and, unless it is
+    image-only, "texts" (token ids); its other per-sample lists ("keys", "captions", "labels", ...)
+    are concatenated alongside, its "skipped" counts summed. Nothing to encode: None with
+    `allow_empty`, else a ValueError."""
+    images, texts = [], []
+    lists: dict[str, list] = {}
     skipped: dict[str, int] = {}
     for batch in loader:
-        img, txt = clip(batch["images"].to(device), batch["texts"].to(device))
-        images.append(img.float().cpu())
-        texts.append(txt.float().cpu())
-        keys += list(batch["keys"])
-        captions += list(batch["captions"])
+        images.append(clip.encode_image(batch["images"].to(device)).float().cpu())
+        if "texts" in batch:
+            texts.append(clip.encode_text(batch["texts"].to(device)).float().cpu())
+        for name, values in batch.items():
+            if isinstance(values, list):
+                lists.setdefault(name, []).extend(values)
         for reason, n in batch.get("skipped", {}).items():
             skipped[reason] = skipped.get(reason, 0) + n
     if not images:
+        if allow_empty:
+            return None
         raise ValueError("the evaluation data yielded no sample")
-    return {"image_features": torch.cat(images), "text_features": torch.cat(texts), "keys": keys,
-            "captions": captions, "skipped": skipped}
+    return {"image_features": torch.cat(images), "text_features": torch.cat(texts) if texts else None,
+            **lists, "skipped": skipped}
 
 
 def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],

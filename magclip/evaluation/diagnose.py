@@ -19,6 +19,7 @@ import magclip
 from magclip.diagnostics import fisher as fim
 from magclip.diagnostics import magnitude as mag
 from magclip.diagnostics.length import length_report, plot_norm_vs_length
+from magclip.diagnostics.plots import pyplot, save_figure
 from magclip.io import atomic_write_json
 
 log = logging.getLogger("magclip.diagnose")
@@ -60,17 +61,12 @@ def _set_batchnorm(model: nn.Module, mode: str) -> nn.Module:
     """A copy whose BatchNorm layers use batch statistics ("batch"), or the model itself ("eval")."""
     if mode != "batch":
         return model
-    model = copy.deepcopy(model).eval()
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.train()
-    return model
+    return fim.use_batch_statistics_(copy.deepcopy(model).eval())
 
 
 def run_text(args, out: Path) -> dict[str, Any]:
     from magclip.data.beir import load_beir
-    from magclip.evaluation.text import SideCache, beir_token_lengths, text_scorers
-    from magclip.metrics.ir import retrieve
+    from magclip.evaluation.text import SideCache, beir_token_lengths, retrieve, text_scorers
     from magclip.models.text import BiEncoder
 
     if not args.beir:
@@ -191,8 +187,7 @@ def plot_fisher_spectra(fisher: dict[str, Any], path: Path) -> Path | None:
     """Normalized eigenvalues (lambda / lambda_max) per mode, one panel per logit-scale rule."""
     if not fisher:
         return None
-    mag._plt()
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(fisher), figsize=(5.5 * len(fisher), 3.8), squeeze=False)
     for ax, (rule, r) in zip(axes[0], fisher.items()):
@@ -208,7 +203,7 @@ def plot_fisher_spectra(fisher: dict[str, Any], path: Path) -> Path | None:
         ax.set_title(f"logit scale: {rule}; recommends {r['recommendation']['mode']}", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return mag._save(fig, path)
+    return save_figure(fig, path)
 
 
 def format_summary(res: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from magclip.evaluation.zeroshot import load_classes
+from magclip.data.classes import load_classes
 
 # The emoji benchmark (../shared/data/emoji, see its README): split -> (domain, concept group).
 EMOJI_SPLITS: dict[str, tuple[str, str]] = {

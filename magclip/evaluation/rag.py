@@ -41,7 +41,7 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
                  backend: str = "auto", keep_ranked: int = 0, answer_match: str = "token") -> dict[str, Any]:
     """Encode once, rank the pool (corpus + distractors) under every scorer, score each ranking.
 
-    Returns {"by_mode": {label: metrics}, "ranked": {label: [[passage id] per question]} (top
+    Returns {"modes": {label: metrics}, "ranked": {label: [[passage id] per question]} (top
     `keep_ranked`, when > 0), "qids", "passages", "distractor_passages", timings}. Passages are encoded
     as title + " " + text (`doc_text`, as BEIR); answers are matched against the text alone.
     """
@@ -76,7 +76,7 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
         if keep_ranked:
             ranked_by_mode[label] = [r[:keep_ranked] for r in ranked]
     t3 = time.perf_counter()
-    return {"by_mode": by_mode, "ranked": ranked_by_mode, "qids": qids, "passages": len(pool_ids),
+    return {"modes": by_mode, "ranked": ranked_by_mode, "qids": qids, "passages": len(pool_ids),
             "distractor_passages": len(extra_ids), "doc_norm_mean": float(doc_vecs.norm(dim=-1).mean()),
             "query_norm_mean": float(query_vecs.norm(dim=-1).mean()), "encode_docs_s": round(t1 - t0, 2),
             "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
@@ -181,7 +181,7 @@ def format_rag_table(results: dict) -> str:
     head = "| data | mode | " + " | ".join(f"AR@{k}" for k in ks) + " | gold@1 | questions | passages |"
     rows = [head, "|" + "---|" * (len(ks) + 5)]
     for name, entry in results.items():
-        for label, m in (entry.get("modes") or {entry["mode"]: entry}).items():
+        for label, m in (entry.get("modes") or {Scorer.build(entry["scorer"]).label: entry}).items():
             gold = m["gold_passage_acc@1"]
             rows.append(f"| {name} | {label} | " + " | ".join(f"{100 * m[f'answer_recall@{k}']:.2f}" for k in ks)
                         + f" | {'-' if gold is None else f'{100 * gold:.2f}'} | {m['questions']} | "

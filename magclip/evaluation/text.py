@@ -1,23 +1,21 @@
-"""Text retrieval evaluation with the model's own Scorer(s): BEIR folders (pytrec_eval metrics and the
-length diagnostics), STS files (Spearman both ways) and QA sets (RAG retrieval), for eval/beir.py,
-eval/sts.py, eval/rag.py and a text training run's validation alike."""
+"""Text retrieval evaluation with the model's own Scorer(s): BEIR folders (encode, search, pytrec_eval
+metrics and the length diagnostics) and STS files (Spearman both ways), for eval/beir.py, eval/sts.py
+and a text training run's validation alike (magclip.training.text_eval; RAG: magclip.evaluation.rag)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from magclip.config import TextEvalConfig
 from magclip.data.beir import BeirData, load_beir
-from magclip.data.qa import QAData, load_qa
-from magclip.diagnostics.length import flat_length_metrics, length_report
-from magclip.evaluation.rag import evaluate_rag
-from magclip.metrics.ir import DEFAULT_METRICS, evaluate_retrieval
-from magclip.metrics.sts import STSData, evaluate_sts, read_sts
+from magclip.data.sts import STSData, read_sts
+from magclip.diagnostics.length import length_report
+from magclip.evaluation import modes_entry
+from magclip.metrics.ir import DEFAULT_METRICS, Qrels, Retrieval, backend_name, evaluate_run, parse_metric, search_run
+from magclip.metrics.sts import sts_from_embeddings
 from magclip.models.text import BiEncoder
 from magclip.similarity import Scorer, frozen, resolve_specs
 
@@ -31,7 +29,36 @@ def text_scorers(model: BiEncoder, modes: Sequence[str] | None = None, gamma_q: 
     return [frozen(model.default_scorer)]
 
 
-def _encoder_fn(model: BiEncoder, batch_size: int, device, progress: bool = False):
+def retrieve(encode: Callable[[list[str], str], torch.Tensor], queries: Mapping[str, str],
+             corpus_texts: Mapping[str, str], scorer: Scorer | str, k: int, *, exclude: Mapping[str, str] | None = None,
+             backend: str = "auto") -> Retrieval:
+    """Encode documents (side "passage") and queries (side "query") with `encode(texts, side)`, search the
+    top k under `scorer` (leaving out what `exclude` names), and time each part."""
+    qids, dids = list(queries), list(corpus_texts)
+    t0 = time.perf_counter()
+    doc_vecs = encode([corpus_texts[d] for d in dids], "passage")
+    t1 = time.perf_counter()
+    query_vecs = encode([queries[q] for q in qids], "query")
+    t2 = time.perf_counter()
+    run, removed = search_run(query_vecs, doc_vecs, qids, dids, scorer, k, exclude=exclude, backend=backend)
+    t3 = time.perf_counter()
+    timings = {"encode_docs_s": round(t1 - t0, 2), "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
+    return Retrieval(qids, dids, query_vecs, doc_vecs, run, removed, k, timings)
+
+
+def retrieval_entry(r: Retrieval, qrels: Qrels, scorer: Scorer, metrics: Sequence[str] = DEFAULT_METRICS,
+                    backend: str = "auto") -> dict[str, Any]:
+    """The metric means of a search (pytrec_eval, `evaluate_run`) plus `queries`, `docs`,
+    `removed_identical` (documents `exclude` removed from the top k), mean norms, timings and the scorer."""
+    out = evaluate_run(qrels, r.run, metrics)
+    out.update({"queries": len(r.query_ids), "docs": len(r.doc_ids), "removed_identical": r.removed_identical, "k": r.k,
+                "scorer": scorer.to_dict(), "search_backend": backend_name(backend),
+                "doc_norm_mean": float(r.doc_vecs.norm(dim=-1).mean()),
+                "query_norm_mean": float(r.query_vecs.norm(dim=-1).mean()), **r.timings})
+    return out
+
+
+def encoder_fn(model: BiEncoder, batch_size: int, device, progress: bool = False):
     def encode(texts: list[str], side: str) -> torch.Tensor:
         return model.encode(texts, side, batch_size=batch_size, device=device, progress=progress)
     return encode
@@ -46,7 +73,7 @@ class SideCache:
     """encode(texts, side) that encodes each side once: every scorer searches the same vectors."""
 
     def __init__(self, model: BiEncoder, batch_size: int, device=None, progress: bool = False):
-        self.encode = _encoder_fn(model, batch_size, device, progress)
+        self.encode = encoder_fn(model, batch_size, device, progress)
         self.vectors: dict[str, torch.Tensor] = {}
 
     def __call__(self, texts: list[str], side: str) -> torch.Tensor:
@@ -86,18 +113,15 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
                  "excluded_identical": len(exclude)}
     by_mode = {}
     for scorer in scorers:
-        kept: list = []
-        m = evaluate_retrieval(encode, data.queries, corpus_texts, data.qrels, scorer, metrics=metrics,
-                               exclude=exclude, backend=backend, keep=kept)
+        found = retrieve(encode, data.queries, corpus_texts, scorer, max(parse_metric(x)[1] for x in metrics),
+                         exclude=exclude, backend=backend)
+        m = retrieval_entry(found, data.qrels, scorer, metrics, backend)
         m.update(identical)
         if length_bins:
-            m["length"], _ = length_report(kept[0], data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
+            m["length"], _ = length_report(found, data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
                                            max_length=model.settings.passage_max_length)
         by_mode[scorer.label] = m
-    entry = dict(next(iter(by_mode.values())))
-    if len(by_mode) > 1:
-        entry["modes"] = by_mode
-    return entry
+    return modes_entry(by_mode)
 
 
 def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], scorers: Sequence[Scorer | str],
@@ -123,6 +147,20 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
     return results
 
 
+def evaluate_sts(encode: Callable[[list[str], str], torch.Tensor], data: STSData, scorer: Scorer | str,
+                 same_sides: bool = False) -> dict[str, Any]:
+    """Encode each sentence on both sides (once if `same_sides`: query and passage encodings are
+    identical, as for a shared tower with equal prefixes and max lengths) and correlate."""
+    scorer = Scorer.build(scorer)
+    q1 = encode(data.sentence1, "query")
+    q2 = encode(data.sentence2, "query")
+    p1, p2 = (q1, q2) if same_sides else (encode(data.sentence1, "passage"), encode(data.sentence2, "passage"))
+    out = sts_from_embeddings(q1, p1, q2, p2, data.scores, scorer)
+    out.update({"pairs": len(data.scores), "scorer": scorer.to_dict(),
+                "norm_mean": float(torch.cat([q1, q2]).norm(dim=-1).mean())})
+    return out
+
+
 def sts_path(path: str | Path, split: str = "test") -> tuple[str, Path]:
     """(name, TSV file): a folder means <folder>/<split>.tsv, named after the folder."""
     p = Path(path)
@@ -145,7 +183,7 @@ def evaluate_sts_files(model: BiEncoder, paths: Sequence[str | Path], scorers: S
         data: STSData = read_sts(file, name)
         t0 = time.perf_counter()
         cache: dict[tuple[int, str], torch.Tensor] = {}
-        base = _encoder_fn(model, batch_size, device, progress)
+        base = encoder_fn(model, batch_size, device, progress)
 
         def encode(texts: list[str], side: str, _cache=cache, _base=base) -> torch.Tensor:
             key = (id(texts), side)
@@ -158,9 +196,7 @@ def evaluate_sts_files(model: BiEncoder, paths: Sequence[str | Path], scorers: S
             m = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
             m["split"] = split if Path(path).is_dir() else file.name
             by_mode[scorer.label] = m
-        entry = dict(next(iter(by_mode.values())))
-        if len(by_mode) > 1:
-            entry["modes"] = by_mode
+        entry = modes_entry(by_mode)
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         results[name] = entry
     return results
@@ -185,45 +221,3 @@ def format_sts_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-@dataclass
-class TextEvalSets:
-    """The evaluation data of a text training run, loaded once (`eval.beir`, `eval.sts`, `eval.rag`)."""
-
-    beir: dict[str, BeirData] = field(default_factory=dict)
-    sts: dict[str, STSData] = field(default_factory=dict)
-    rag: dict[str, QAData] = field(default_factory=dict)
-    lengths: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # BEIR token counts
-
-    def __bool__(self) -> bool:
-        return bool(self.beir or self.sts or self.rag)
-
-    @classmethod
-    def load(cls, cfg: TextEvalConfig, model: BiEncoder) -> "TextEvalSets":
-        beir = {}
-        for name, folder in cfg.beir.items():
-            data = load_beir(folder, cfg.split)
-            beir[name] = data.subset(cfg.max_queries, cfg.max_docs) if (cfg.max_queries or cfg.max_docs) else data
-        lengths = {name: beir_token_lengths(model, data) for name, data in beir.items()} if cfg.length_bins else {}
-        return cls(beir, {name: read_sts(sts_path(p, cfg.split)[1], name) for name, p in cfg.sts.items()},
-                   {name: load_qa(folder, cfg.split) for name, folder in cfg.rag.items()}, lengths)
-
-
-def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig,
-                       device=None) -> dict[str, float]:
-    """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl."""
-    out: dict[str, float] = {}
-    for name, data in sets.beir.items():
-        r = evaluate_beir_data(model, data, scorer, batch_size=cfg.batch_size, device=device, backend=cfg.backend,
-                               identical_ids=cfg.identical_ids, length_bins=cfg.length_bins,
-                               lengths=sets.lengths.get(name))
-        if "length" in r:
-            r.update(flat_length_metrics(r.pop("length")))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-    encode = _encoder_fn(model, cfg.batch_size, device)
-    for name, data in sets.sts.items():
-        r = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-    for name, data in sets.rag.items():
-        r = next(iter(evaluate_rag(encode, data, [scorer], backend=cfg.backend)["by_mode"].values()))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-    return out

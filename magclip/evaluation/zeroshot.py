@@ -43,6 +43,7 @@ the class list does not hold is an error naming the file.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import logging
 import math
@@ -65,140 +66,19 @@ from magclip.data.shards import (
     check_sample,
     iter_tar_samples,
 )
+from magclip.data.classes import ClassSet, fill_template
 from magclip.data.urls import check_sources_exist
-from magclip.evaluation.checkpoint import EvalModel
-from magclip.evaluation.clip import retrieval_from_features
-from magclip.io import publish_dir, umask_mode
 from magclip.evaluation import ZEROSHOT_TASKS
+from magclip.evaluation.checkpoint import EvalModel
+from magclip.evaluation.clip import encode_loader, retrieval_from_features
+from magclip.io import publish_dir, umask_mode
+from magclip.metrics.classification import classification_metrics
 from magclip.modes import ScorerSpec
 from magclip.similarity import Scorer
 
 log = logging.getLogger("magclip.evaluation.zeroshot")
 
 TASKS = ZEROSHOT_TASKS
-TEMPLATE_PRESETS = ("identity", "simple", "openai")
-
-
-
-
-# ============================================================================ classes and templates
-
-
-@dataclass
-class ClassSet:
-    """Class names (what the templates are filled with), the keys that sample labels are matched
-    against, and optional groups (e.g. emoji categories) for metrics without some groups."""
-
-    names: list[str]
-    keys: list[str]
-    groups: list[str] | None = None
-    source: str = "<memory>"
-    key_field: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.names:
-            raise ValueError(f"class list {self.source} is empty")
-        if len(self.keys) != len(self.names) or (self.groups is not None and len(self.groups) != len(self.names)):
-            raise ValueError(f"class list {self.source}: names, keys and groups differ in length")
-        dup = [k for k, n in Counter(self.keys).items() if n > 1]
-        if dup:
-            raise ValueError(f"class list {self.source}: duplicate class keys {dup[:5]}")
-        self._by_key = {k: i for i, k in enumerate(self.keys)}
-        self._by_name = {n: i for i, n in enumerate(self.names)} if len(set(self.names)) == len(self.names) else {}
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def index_of(self, label: Any, where: str) -> int:
-        """Class index of one sample label: a class key, else (no key field) an index or a name."""
-        text = str(label).strip()
-        if text in self._by_key:
-            return self._by_key[text]
-        if self.key_field is None:
-            if isinstance(label, int) or text.lstrip("-").isdigit():
-                i = int(text)
-                if 0 <= i < len(self):
-                    return i
-            elif text in self._by_name:
-                return self._by_name[text]
-        what = f"key field {self.key_field!r}" if self.key_field else f"{len(self)} classes (index or name)"
-        raise ValueError(f"label {label!r} of {where} is not in the class list {self.source} ({what}): "
-                         "the class list does not match the labels")
-
-
-def load_classes(path: str | Path, *, name_field: str = "name", key_field: str | None = None,
-                 group_field: str | None = None) -> ClassSet:
-    """A class list from a file.
-
-    - `.txt`: one class name per line; labels are indices into the list (or the names).
-    - `.json`: a list of names, or a list of objects; `.jsonl`: one object per line. Objects give
-      the name in `name_field`, the label key in `key_field` (default: the index) and an optional
-      group in `group_field`.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"class list not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".txt":
-        names = [line.strip() for line in text.splitlines() if line.strip()]
-        rows: list[Any] = names
-    elif path.suffix == ".jsonl":
-        try:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exn:
-            raise ValueError(f"class list {path} is not valid JSONL: {exn}") from exn
-    elif path.suffix == ".json":
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exn:
-            raise ValueError(f"class list {path} is not valid JSON: {exn}") from exn
-        if not isinstance(rows, list):
-            raise ValueError(f"class list {path} must hold a JSON list")
-    else:
-        raise ValueError(f"class list {path}: expected .txt, .json or .jsonl")
-    if all(isinstance(r, str) for r in rows):
-        if key_field or group_field:
-            raise ValueError(f"class list {path} holds plain names: key/group fields need objects")
-        return ClassSet(list(rows), [str(i) for i in range(len(rows))], None, str(path), None)
-
-    def get(row: Any, f: str, i: int) -> Any:
-        if not isinstance(row, dict) or f not in row:
-            raise ValueError(f"class list {path}, entry {i}: no field {f!r}")
-        return row[f]
-
-    names = [str(get(r, name_field, i)) for i, r in enumerate(rows)]
-    keys = [str(get(r, key_field, i)) for i, r in enumerate(rows)] if key_field else [str(i) for i in range(len(rows))]
-    groups = [str(get(r, group_field, i)) for i, r in enumerate(rows)] if group_field else None
-    return ClassSet(names, keys, groups, str(path), key_field)
-
-
-def resolve_templates(specs: Sequence[str] | None) -> list[str | Callable[[str], str]]:
-    """Prompt templates from presets ('identity' = "{}", 'simple' / 'openai' = open_clip's ImageNet
-    templates), files (one format string per line) or literal strings containing "{}"."""
-    out: list[str | Callable[[str], str]] = []
-    for spec in specs or ["identity"]:
-        if spec == "identity":
-            out.append("{}")
-        elif spec in ("simple", "openai"):
-            from open_clip import zero_shot_metadata as meta
-
-            out += list(meta.SIMPLE_IMAGENET_TEMPLATES if spec == "simple" else meta.OPENAI_IMAGENET_TEMPLATES)
-        elif "{}" in spec:
-            out.append(spec)
-        elif Path(spec).is_file():
-            lines = [ln.strip() for ln in Path(spec).read_text(encoding="utf-8").splitlines() if ln.strip()]
-            bad = [ln for ln in lines if "{}" not in ln]
-            if not lines or bad:
-                raise ValueError(f"template file {spec}: every line needs a '{{}}' (bad: {bad[:3]})")
-            out += lines
-        else:
-            raise ValueError(f"template {spec!r}: not a preset ({', '.join(TEMPLATE_PRESETS)}), "
-                             "an existing file, or a string containing '{}'")
-    return out
-
-
-def _fill(template: str | Callable[[str], str], name: str) -> str:
-    return template.format(name) if isinstance(template, str) else template(name)
 
 
 # ============================================================================ data
@@ -248,55 +128,50 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     """
     flat = check_sources_exist(urls)
     skipped: Counter[str] = Counter()
-    keys: list[str] = []
-    caps: list[str] = []
-    labs: list[int] = []
-    img_chunks: list[Tensor] = []
-    txt_chunks: list[Tensor] = []
-    pending: list[tuple[Tensor, str | None]] = []
     per_shard: dict[str, list[int]] = {}  # url -> [samples with an image, of which captioned]
 
-    def flush() -> None:
-        if not pending:
-            return
-        images = torch.stack([p[0] for p in pending]).to(device)
-        img_chunks.append(model.clip.encode_image(images).float().cpu())
-        if captions:
-            tokens = model.tokenizer([p[1] for p in pending]).to(device)
-            txt_chunks.append(model.clip.encode_text(tokens).float().cpu())
-        pending.clear()
+    def samples():
+        for url, key, members in iter_tar_samples(flat, skipped):
+            where = f"shard {url} key {key}"
+            if not any(e in members for e in IMAGE_EXTS):
+                skipped["missing_image"] += 1
+                continue
+            counts = per_shard.setdefault(url, [0, 0])
+            counts[0] += 1
+            counts[1] += "txt" in members
+            good, reason, detail = check_sample(members, max_image_pixels, caption=captions)
+            if good is None:
+                skipped[reason] += 1
+                if "caption" not in reason:
+                    log.warning("skipped %s: %s: %s", reason, where, detail)
+                continue
+            label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
+            yield key, model.preprocess(good["image"]), good["caption"], label
 
-    for url, key, members in iter_tar_samples(flat, skipped):
-        where = f"shard {url} key {key}"
-        if not any(e in members for e in IMAGE_EXTS):
-            skipped["missing_image"] += 1
-            continue
-        counts = per_shard.setdefault(url, [0, 0])
-        counts[0] += 1
-        counts[1] += "txt" in members
-        good, reason, detail = check_sample(members, max_image_pixels, caption=captions)
-        if good is None:
-            skipped[reason] += 1
-            if "caption" not in reason:
-                log.warning("skipped %s: %s: %s", reason, where, detail)
-            continue
-        label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
-        pending.append((model.preprocess(good["image"]), good["caption"]))
-        keys.append(key)
-        caps.append(good["caption"])
-        labs.append(label)
-        if len(pending) >= batch_size:
-            flush()
-    flush()
+    def batches():
+        chunk: list = []
+        for sample in itertools.chain(samples(), [None]):
+            if sample is not None:
+                chunk.append(sample)
+            if chunk and (sample is None or len(chunk) >= batch_size):
+                keys, images, caps, labels = zip(*chunk)
+                batch = {"images": torch.stack(images), "keys": list(keys), "captions": list(caps), "labels": list(labels)}
+                if captions:
+                    batch["texts"] = model.tokenizer(list(caps))
+                chunk = []
+                yield batch
+
+    enc = encode_loader(model.clip, batches(), device, allow_empty=True)
     if captions:
         uncaptioned = [u for u, (n, c) in per_shard.items() if n and not c]
         if uncaptioned:
             raise ValueError(f"shard {uncaptioned[0]} has no KEY.txt captions ({per_shard[uncaptioned[0]][0]} images): "
                              "retrieval needs captions; for a classification-only set use task classification")
-    if not keys:
+    if enc is None:
         raise ValueError(f"no usable sample in {urls!r} (skipped: {dict(skipped) or 'none'})")
-    return EncodedSet(keys, torch.cat(img_chunks), torch.cat(txt_chunks) if captions else None,
-                      caps if captions else None, torch.tensor(labs, dtype=torch.long) if classes is not None else None,
+    return EncodedSet(enc["keys"], enc["image_features"], enc["text_features"] if captions else None,
+                      enc["captions"] if captions else None,
+                      torch.tensor(enc["labels"], dtype=torch.long) if classes is not None else None,
                       dict(skipped), flat)
 
 
@@ -314,7 +189,7 @@ def encode_texts(model: EvalModel, texts: list[str], *, batch_size: int = 256,
 def class_text_features(model: EvalModel, names: Sequence[str], templates: Sequence[str | Callable[[str], str]],
                         *, batch_size: int = 256, device: str | torch.device = "cpu") -> Tensor:
     """Raw features of every (class, template) text: [C, T, D]."""
-    texts = [_fill(t, n) for n in names for t in templates]
+    texts = [fill_template(t, n) for n in names for t in templates]
     return encode_texts(model, texts, batch_size=batch_size, device=device).reshape(len(names), len(templates), -1)
 
 
@@ -348,23 +223,6 @@ def top_classes(image_features: Tensor, prototypes: Tensor, scorer: Scorer, k: i
             scores = scorer.prepare_queries(image_features[start:start + chunk_size]) @ prototypes.float().T
         out.append(scores.topk(k, dim=1).indices.cpu())
     return torch.cat(out)
-
-
-def classification_metrics(top: Tensor, labels: Tensor, num_classes: int, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
-    """top-k accuracy, mean per-class recall (over classes present in `labels`) and chance top-1."""
-    if len(labels) == 0:
-        return {"num_samples": 0}
-    hit = top == labels.unsqueeze(1)
-    metrics = {f"top{k}": float(hit[:, :k].any(dim=1).double().mean()) for k in ks if k <= top.shape[1]}
-    correct = hit[:, 0].double()
-    per_class_n = torch.bincount(labels, minlength=num_classes).double()
-    per_class_hit = torch.bincount(labels, weights=correct, minlength=num_classes)
-    present = per_class_n > 0
-    metrics["mean_per_class_recall"] = float((per_class_hit[present] / per_class_n[present]).mean())
-    metrics["chance_top1"] = 1.0 / num_classes
-    metrics["num_samples"] = len(labels)
-    metrics["num_classes_present"] = int(present.sum())
-    return metrics
 
 
 def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer: Scorer, classes: ClassSet,
@@ -461,7 +319,7 @@ def evaluate_zeroshot(
         "retrieval_matching": "caption identity" if "retrieval" in tasks else None,
         "classification": None if not do_cls else {
             "classes": classes.source, "num_classes": len(classes), "key_field": classes.key_field,  # type: ignore[union-attr]
-            "label_field": label_field or "KEY.cls", "templates": [_fill(t, "{}") for t in templates],
+            "label_field": label_field or "KEY.cls", "templates": [fill_template(t, "{}") for t in templates],
             "prototype_rule": ("normalize, mean, renormalize (open_clip)" if model.scorers["i2t"].gamma_d == 1.0
                                else "mean of prepare_docs(template features)"),
             "scored_with": "i2t", "excluded_groups": list(exclude_groups)},
@@ -497,7 +355,7 @@ def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: Cla
             np.save(folder / "class_text_features.npy", class_feats.numpy())  # [C, T, D] raw
             (folder / "class_names.jsonl").write_text("".join(json.dumps(n) + "\n" for n in classes.names))
             (folder / "class_keys.txt").write_text("".join(k + "\n" for k in classes.keys))
-            (folder / "templates.jsonl").write_text("".join(json.dumps(_fill(t, "{}")) + "\n" for t in templates))
+            (folder / "templates.jsonl").write_text("".join(json.dumps(fill_template(t, "{}")) + "\n" for t in templates))
         publish_dir(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -539,7 +397,7 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
                 m = c.get(col) or {}
                 if m.get("num_samples"):
                     lines.append(f"| {name} | {s.get('domain', '')} | {col} | {_pct(m['top1'])} | "
-                                 f"{_pct(m.get('top5', float('nan')))} | {_pct(m['mean_per_class_recall'])} | "
+                                 f"{_pct(m.get('top5'))} | {_pct(m['mean_per_class_recall'])} | "
                                  f"{m['num_samples']} |")
         lines.append(f"\n{cls.get('num_classes')}-way classification over {cls.get('classes')} "
                      f"(chance top-1 {100 / max(1, cls.get('num_classes') or 1):.3f} %), prototypes: "
@@ -551,8 +409,11 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pct(x: float) -> str:
-    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f}"
+def _pct(x: float | None) -> str:
+    """A share in %; "-" where there is none (top-5 of fewer than 5 classes)."""
+    if x is None:
+        return "-"
+    return "nan" if isinstance(x, float) and math.isnan(x) else f"{100 * x:.2f}"
 
 
 def _scorer_text(s: Mapping[str, Any] | None) -> str:
@@ -560,17 +421,13 @@ def _scorer_text(s: Mapping[str, Any] | None) -> str:
 
 
 __all__ = [
-    "ClassSet",
     "EncodedSet",
     "class_prototypes",
     "class_text_features",
-    "classification_metrics",
     "classify",
     "encode_shards",
     "encode_texts",
     "evaluate_zeroshot",
     "format_zeroshot_table",
-    "load_classes",
-    "resolve_templates",
     "top_classes",
 ]

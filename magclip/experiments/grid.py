@@ -75,9 +75,8 @@ from typing import Any
 
 import yaml
 
-GRID_KEYS = ("name", "output_dir", "launcher", "base", "overrides", "axes", "aggregate", "scale", "env", "columns",
-             "description", "baseline")
-COLUMN_KEYS = ("key", "label", "scale", "better", "digits")
+from magclip.config import ConfigError, from_dict
+
 BETTER = ("max", "min", "none")
 VALUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")   # other braces (shard patterns, code) stay as they are
@@ -93,6 +92,69 @@ MAIN = "main"
 
 class GridError(ValueError):
     """A grid YAML that cannot be used; the message names the key."""
+
+
+# ----------------------------------------------------------------------------- the file's schema
+# Read with magclip.config.from_dict, the run configs' own machinery (unknown, missing and badly typed
+# keys are named alike); the fields typed Any have several forms, each checked where it is read.
+
+
+@dataclass
+class GridFile:
+    output_dir: str
+    columns: Any                        # results paths or ColumnSpec mappings
+    name: str | None = None
+    description: str | None = None
+    launcher: Any = None                # clip, text, or a LauncherSpec mapping
+    base: str | None = None
+    overrides: Any = None               # {dotted key: value} or ["key=value", ...]
+    axes: dict[str, Any] = field(default_factory=dict)  # name -> values, settings, or AxisKeyed
+    aggregate: Any = None               # an axis name or a list of them; default: seed, if it is an axis
+    scale: float = 1.0
+    env: dict[str, Any] = field(default_factory=dict)
+    baseline: Any = None
+
+
+@dataclass
+class ColumnSpec:
+    key: str
+    label: str | None = None
+    scale: float | None = None
+    better: str = "max"
+    digits: int = 2
+
+
+@dataclass
+class AxisKeyed:                        # `lr: {key: train.lr, values: [...]}`
+    key: str
+    values: Any
+
+
+@dataclass
+class AxisSetting:                      # `{name: qnorm, set: {...}, base: ...}`
+    name: str | int | float
+    set: dict[str, Any] = field(default_factory=dict)
+    base: str | None = None
+
+
+@dataclass
+class LauncherSpec:
+    name: str = "clip"
+    steps: Any = None                   # a list of StepSpec mappings
+    results: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepSpec:
+    command: Any                        # a string (split like a shell) or a list of arguments
+    creates: str
+
+
+def _parse(schema: type, raw: Any, where: str) -> Any:
+    try:
+        return from_dict(schema, raw, where)
+    except ConfigError as exn:
+        raise GridError(str(exn)) from None
 
 
 # ----------------------------------------------------------------------------- specification
@@ -299,20 +361,14 @@ def _overrides(raw: Any, where: str) -> list[str]:
     raise GridError(f"{where} must be a mapping of dotted keys to values or a list of 'key=value', got {raw!r}")
 
 
-def _check_keys(raw: dict, allowed: tuple[str, ...], where: str) -> None:
-    unknown = sorted(set(raw) - set(allowed))
-    if unknown:
-        raise GridError(f"unknown key {unknown[0]!r} in {where}; allowed: {', '.join(allowed)}")
-
-
 def _axis(name: str, raw: Any) -> Axis:
     if not isinstance(name, str) or not VALUE_NAME.match(name):
         raise GridError(f"axis name {name!r} must match {VALUE_NAME.pattern}")
     if isinstance(raw, dict):
-        _check_keys(raw, ("key", "values"), f"axis {name!r}")
-        if "key" not in raw or not isinstance(raw.get("values"), list):
+        keyed = _parse(AxisKeyed, raw, f"axes.{name}.")
+        if not isinstance(keyed.values, list):
             raise GridError(f"axis {name!r}: a mapping needs `key:` and a list `values:`")
-        key, items = raw["key"], raw["values"]
+        key, items = keyed.key, keyed.values
     elif isinstance(raw, list):
         key, items = AXIS_KEYS.get(name, name if "." in name else None), raw
     else:
@@ -322,12 +378,10 @@ def _axis(name: str, raw: Any) -> Axis:
     values = []
     for item in items:
         if isinstance(item, dict):
-            _check_keys(item, ("name", "set", "base"), f"a value of axis {name!r}")
             if "name" not in item:
                 raise GridError(f"axis {name!r}: every setting needs a `name:` ({item!r})")
-            value = AxisValue(str(item["name"]), dict(item.get("set") or {}), item.get("base"))
-            if not isinstance(item.get("set") or {}, dict):
-                raise GridError(f"axis {name!r}, value {value.name!r}: `set` must map dotted keys to values")
+            setting = _parse(AxisSetting, {**item, "set": item.get("set") or {}}, f"axes.{name}[{item['name']}].")
+            value = AxisValue(str(setting.name), setting.set, setting.base)
         else:
             if key is None:
                 raise GridError(f"axis {name!r} has plain values {items!r} but no key to set: write "
@@ -357,10 +411,9 @@ def _column(raw: Any, scale: float) -> Column:
         raw = {"key": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("key"), str):
         raise GridError(f"a column must be a results path or {{key:, label:, scale:, better:, digits:}}, got {raw!r}")
-    _check_keys(raw, COLUMN_KEYS, f"column {raw.get('key')!r}")
-    col = Column(key=raw["key"], label=str(raw.get("label") or default_label(raw["key"])),
-                 scale=float(raw.get("scale", scale)), better=str(raw.get("better", "max")),
-                 digits=int(raw.get("digits", 2)))
+    spec = _parse(ColumnSpec, raw, f"columns[{raw['key']}].")
+    col = Column(key=spec.key, label=spec.label or default_label(spec.key),
+                 scale=scale if spec.scale is None else spec.scale, better=spec.better, digits=spec.digits)
     if col.better not in BETTER:
         raise GridError(f"column {col.key!r}: better={col.better!r}; allowed: {', '.join(BETTER)}")
     return col
@@ -371,8 +424,8 @@ def _launcher(raw: Any) -> tuple[str, list[Step], dict[str, str]]:
         raw = {"name": raw or "clip"}
     if not isinstance(raw, dict):
         raise GridError(f"launcher must be clip, text or a mapping, got {raw!r}")
-    _check_keys(raw, ("name", "steps", "results"), "launcher")
-    name = raw.get("name", "clip")
+    spec = _parse(LauncherSpec, {**raw, "results": raw.get("results") or {}}, "launcher.")
+    name = spec.name
     steps: list[Step] = []
     results: dict[str, str] = {}
     if name in BUILTIN_LAUNCHERS:
@@ -382,17 +435,13 @@ def _launcher(raw: Any) -> tuple[str, list[Step], dict[str, str]]:
         results[MAIN] = "{run_dir}/results.json"
     elif name != "custom":
         raise GridError(f"launcher name {name!r}; allowed: {', '.join(BUILTIN_LAUNCHERS)}, custom")
-    for i, s in enumerate(raw.get("steps") or []):
-        if not isinstance(s, dict) or "command" not in s or "creates" not in s:
-            raise GridError(f"launcher step {i} needs `command:` and `creates:` (got {s!r})")
-        _check_keys(s, ("command", "creates"), f"launcher step {i}")
-        command = s["command"]
-        argv = shlex.split(command) if isinstance(command, str) else [str(x) for x in command]
-        steps.append(Step(argv, str(s["creates"])))
-    extra = raw.get("results") or {}
-    if not isinstance(extra, dict):
-        raise GridError("launcher.results must map names to result-file paths")
-    results.update({str(k): str(v) for k, v in extra.items()})
+    for i, raw_step in enumerate(spec.steps or []):
+        if not isinstance(raw_step, dict) or "command" not in raw_step or "creates" not in raw_step:
+            raise GridError(f"launcher step {i} needs `command:` and `creates:` (got {raw_step!r})")
+        step = _parse(StepSpec, raw_step, f"launcher.steps[{i}].")
+        argv = shlex.split(step.command) if isinstance(step.command, str) else [str(x) for x in step.command]
+        steps.append(Step(argv, step.creates))
+    results.update(spec.results)
     if not steps:
         raise GridError("a custom launcher needs `steps:`")
     if not results:
@@ -415,39 +464,28 @@ def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
         raw = yaml.safe_load(where.read_text()) or {}
     if not isinstance(raw, dict):
         raise GridError("the top level of a grid must be a mapping")
-    _check_keys(raw, GRID_KEYS, "the grid")
-    for required in ("output_dir", "columns"):
-        if required not in raw:
-            raise GridError(f"the grid needs `{required}:`")
-    launcher, steps, results = _launcher(raw.get("launcher"))
-    axes_raw = raw.get("axes") or {}
-    if not isinstance(axes_raw, dict):
-        raise GridError("axes must map axis names to values")
-    axes = [_axis(name, values) for name, values in axes_raw.items()]
-    aggregate = raw.get("aggregate", ["seed"] if "seed" in axes_raw else [])
+    spec = _parse(GridFile, raw, "")
+    launcher, steps, results = _launcher(spec.launcher)
+    axes = [_axis(name, values) for name, values in spec.axes.items()]
+    aggregate = spec.aggregate if spec.aggregate is not None else (["seed"] if "seed" in spec.axes else [])
     aggregate = [aggregate] if isinstance(aggregate, str) else list(aggregate or [])
-    unknown = [a for a in aggregate if a not in axes_raw]
+    unknown = [a for a in aggregate if a not in spec.axes]
     if unknown:
-        raise GridError(f"aggregate names {unknown[0]!r}, which is not an axis ({', '.join(axes_raw)})")
-    scale = float(raw.get("scale", 1.0))
-    columns = [_column(c, scale) for c in raw.get("columns") or []]
+        raise GridError(f"aggregate names {unknown[0]!r}, which is not an axis ({', '.join(spec.axes)})")
+    columns = [_column(c, spec.scale) for c in spec.columns or []]
     if not columns:
         raise GridError("the grid needs at least one column")
     for col in columns:
         if col.source not in results:
             raise GridError(f"column {col.key!r} reads results {col.source!r}; known: {', '.join(results)}")
-    env = raw.get("env") or {}
-    if not isinstance(env, dict):
-        raise GridError("env must map variable names to values")
-    base = raw.get("base")
-    if launcher in BUILTIN_LAUNCHERS and base is None and not any(v.base for a in axes for v in a.values):
+    if launcher in BUILTIN_LAUNCHERS and spec.base is None and not any(v.base for a in axes for v in a.values):
         raise GridError(f"launcher {launcher!r} needs `base:` (an experiment YAML)")
-    grid = Grid(name=str(raw.get("name") or (where.stem if where else "grid")), path=where,
-                output_dir=Path(output_dir or raw["output_dir"]), launcher=launcher, base=base,
-                overrides=_overrides(raw.get("overrides"), "overrides") + list(extra_overrides or []),
+    grid = Grid(name=spec.name or (where.stem if where else "grid"), path=where,
+                output_dir=Path(output_dir or spec.output_dir), launcher=launcher, base=spec.base,
+                overrides=_overrides(spec.overrides, "overrides") + list(extra_overrides or []),
                 axes=axes, aggregate=aggregate, columns=columns, steps=steps, results=results,
-                env={str(k): str(v) for k, v in env.items()}, description=raw.get("description"), scale=scale)
-    grid.baseline = _baseline(raw.get("baseline"), grid)
+                env={k: str(v) for k, v in spec.env.items()}, description=spec.description, scale=spec.scale)
+    grid.baseline = _baseline(spec.baseline, grid)
     grid.command = shlex.join(["python", "eval/compare.py", "--grid", where.as_posix() if where else "GRID.yaml",
                                *(["--output-dir", str(output_dir)] if output_dir else []),
                                *(extra_overrides or []), "--only-report"])

@@ -1,6 +1,6 @@
-"""A grid's report: results collected per cell, mean and spread per row, every row's paired
-difference to a baseline row with 95 % CIs and a verdict (magclip.experiments.stats), Markdown/CSV
-tables, plots and the rows JSON that docs/results.md looks numbers up in.
+"""A grid's report, rendered from what magclip.experiments.collect gathered (typed cell records, table
+rows, paired differences to a baseline row with 95 % CIs and a verdict): Markdown/CSV tables, plots
+and the rows JSON that docs/results.md looks numbers up in.
 
 A report written to a file (`--report docs/results_x.md`) never silently replaces a richer one:
 when the file it would replace records more finished runs, `write_report` refuses
@@ -11,201 +11,32 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import itertools
 import json
 import math
 import os
 import re
 import shutil
-import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+from magclip.diagnostics.plots import pyplot, save_figure
 from magclip.experiments import stats
+from magclip.experiments.collect import (
+    CellRecord,
+    Row,
+    Stat,
+    baseline_labels,
+    collect,
+    comparisons,
+    summarize,
+)
 from magclip.experiments.grid import Column, Grid, format_value
 from magclip.io import atomic_write_json, atomic_write_text
-from magclip.metrics.ranks import DIRECTIONS, ITEMS_KEY, load_ranks, ranks_path
 
 
 class ReportRefused(ValueError):
     """Writing the report would replace a file that records more finished runs."""
-
-# ----------------------------------------------------------------------------- collecting
-
-
-def lookup(results: Any, path: str) -> Any:
-    """Follow a dotted path; a key may itself hold dots or slashes (the longest match wins), a
-    number indexes a list. `val` stands for the run's validation `metrics`."""
-    parts = path.split(".")
-    node = results
-    i = 0
-    while i < len(parts):
-        if isinstance(node, list) and parts[i].isdigit():  # a list element by index, e.g. `bins.0`
-            node, i = (node[int(parts[i])] if int(parts[i]) < len(node) else None), i + 1
-            continue
-        if not isinstance(node, dict):
-            return None
-        for j in range(len(parts), i, -1):
-            key = ".".join(parts[i:j])
-            if key in node:
-                node, i = node[key], j
-                break
-        else:
-            if i == 0 and parts[0] == "val" and "metrics" in node:
-                node, i = node["metrics"], 1
-                continue
-            return None
-    return node
-
-
-def collect(grid: Grid) -> list[dict[str, Any]]:
-    """One record per cell: its axis values, finished/stale flags and the columns' raw values (or None)."""
-    records = []
-    for cell in grid.cells():
-        loaded: dict[str, Any] = {}
-        for name, path in cell.results.items():
-            try:
-                loaded[name] = json.loads(path.read_text())
-            except (OSError, ValueError):
-                loaded[name] = None
-        values = {}
-        for col in grid.columns:
-            v = lookup(loaded.get(col.source), col.path) if loaded.get(col.source) is not None else None
-            values[col.key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-        finished = cell.finished
-        records.append({"cell": cell.name, **cell.values, "finished": finished, "stale": finished and cell.stale,
-                        "values": values, "results": {k: str(p) for k, p in cell.results.items()},
-                        "unresolved": [k for k, v in values.items() if v is None] if finished else []})
-    return records
-
-
-@dataclass
-class Stat:
-    mean: float | None
-    std: float | None
-    n: int
-
-
-def _stat(values: list[float | None]) -> Stat:
-    xs = [v for v in values if v is not None and math.isfinite(v)]
-    if not xs:
-        return Stat(None, None, 0)
-    return Stat(statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None, len(xs))
-
-
-def summarize(grid: Grid, records: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Table rows: one per combination of the non-aggregated axes (in YAML order), each column's
-    mean and sample std over the aggregated axes, the number of finished cells, and the best flags."""
-    records = collect(grid) if records is None else records
-    axes = grid.table_axes
-    per_group = 1
-    for a in grid.axes:
-        if a.name in grid.aggregate:
-            per_group *= len(a.values)
-    rows = []
-    for combo in itertools.product(*(a.values for a in axes)):
-        key = {a.name: v.name for a, v in zip(axes, combo)}
-        members = [r for r in records if all(r[k] == v for k, v in key.items())]
-        stats = {col.key: _stat([r["values"][col.key] for r in members]) for col in grid.columns}
-        rows.append({"labels": key, "finished": sum(r["finished"] for r in members), "cells": per_group,
-                     "stats": stats, "best": {}})
-    for col in grid.columns:
-        means = [round(r["stats"][col.key].mean * col.scale, col.digits) for r in rows
-                 if r["stats"][col.key].mean is not None]
-        best = None if col.better == "none" or not means else (max(means) if col.better == "max" else min(means))
-        for r in rows:
-            m = r["stats"][col.key].mean
-            r["best"][col.key] = best is not None and m is not None and round(m * col.scale, col.digits) == best
-    return rows
-
-
-# ----------------------------------------------------------------------------- paired comparisons
-
-# a column whose number is a mean over queries of a retrieval direction: `val.image_to_text_R@1`, `..._mean_rank`
-_PER_QUERY = re.compile(rf"^(?P<where>.+)\.(?P<direction>{'|'.join(DIRECTIONS)})_(?:R@(?P<k>[0-9]+)|mean_rank)$")
-
-
-def per_query_outcomes(col: Column, results_path: str | Path,
-                       cache: dict[Path, Any] | None = None) -> tuple[np.ndarray, str | None] | str:
-    """The per-query outcomes behind a column of one cell: R@k -> 1.0 where rank < k else 0.0, mean
-    rank -> rank + 1, read from the ranks file beside its results file (`results.ranks.npz`), with
-    the digest of the evaluated items. A string says why there are none."""
-    m = _PER_QUERY.match(col.path)
-    if m is None:
-        return "not a per-query metric"
-    where = "metrics" if m["where"] == "val" else m["where"]
-    path = ranks_path(results_path)
-    cache = {} if cache is None else cache
-    if path not in cache:
-        try:
-            cache[path] = load_ranks(path) if path.is_file() else None
-        except (OSError, ValueError) as e:
-            cache[path] = f"unreadable {path.name}: {e}"
-    loaded = cache[path]
-    if not isinstance(loaded, dict):
-        return loaded or "no per-query ranks (runs written before they were kept)"
-    ranks = (loaded.get(where) or {}).get(m["direction"])
-    if ranks is None:
-        return f"no per-query ranks for {where}/{m['direction']}"
-    values = (ranks < int(m["k"])).astype(float) if m["k"] else ranks + 1.0
-    return values, loaded[where].get(ITEMS_KEY)
-
-
-def baseline_labels(grid: Grid, rows: list[dict[str, Any]]) -> dict[str, str] | None:
-    """The row every other row is compared with: the grid's `baseline:`, else the first row."""
-    if grid.baseline:
-        return dict(grid.baseline)
-    return dict(rows[0]["labels"]) if rows and grid.table_axes else None
-
-
-def comparisons(grid: Grid, records: list[dict[str, Any]], rows: list[dict[str, Any]],
-                n_resamples: int = stats.N_RESAMPLES) -> list[dict[str, Any]]:
-    """Every row against the baseline row, per ranked column (better: max/min): cells are paired by
-    their aggregated axes (seed s with seed s); the per-seed differences give the seed-level
-    interval, the per-query outcomes (when every paired cell kept them, on the same items) the
-    item-level one; `stats.compare` gives the verdict. Values are in the column's raw units."""
-    base = baseline_labels(grid, rows)
-    if base is None:
-        return []
-    axes = [a.name for a in grid.table_axes]
-
-    def members(labels: dict[str, str]) -> dict[tuple, dict[str, Any]]:
-        return {tuple(r[a] for a in grid.aggregate): r for r in records
-                if r["finished"] and all(r[a] == labels[a] for a in axes)}
-
-    base_cells = members(base)
-    cache: dict[Path, Any] = {}
-    out = []
-    for row in rows:
-        if row["labels"] == base:
-            continue
-        row_cells = members(row["labels"])
-        for col in grid.columns:
-            if col.better == "none":
-                continue
-            keys = [k for k in base_cells if k in row_cells and base_cells[k]["values"][col.key] is not None
-                    and row_cells[k]["values"][col.key] is not None]
-            if not keys:
-                continue
-            per_seed = [row_cells[k]["values"][col.key] - base_cells[k]["values"][col.key] for k in keys]
-            items, why = None, None
-            per_cell = [(per_query_outcomes(col, base_cells[k]["results"][col.source], cache),
-                         per_query_outcomes(col, row_cells[k]["results"][col.source], cache)) for k in keys]
-            reasons = [o for pair in per_cell for o in pair if isinstance(o, str)]
-            if reasons:
-                why = reasons[0]
-            elif len({(len(o[0]), o[1]) for pair in per_cell for o in pair}) != 1:
-                why = "the runs were evaluated on different items"
-            else:
-                items = np.stack([r[0] - b[0] for b, r in per_cell])
-            cmp = stats.compare(per_seed, items, higher_is_better=col.better == "max", n_resamples=n_resamples)
-            out.append({"labels": row["labels"], "baseline": base, "column": col.key, "seeds": [list(k) for k in keys],
-                        **cmp.to_dict(), "items_unavailable": why})
-    return out
-
 
 def signed(x: float, scale: float, digits: int) -> str:
     """A difference as text with its sign and a true minus: "+2.20", "−0.75"."""
@@ -310,21 +141,21 @@ def _cell_text(stat: Stat, col: Column) -> str:
     return text
 
 
-def markdown_table(grid: Grid, rows: list[dict[str, Any]]) -> str:
+def markdown_table(grid: Grid, rows: list[Row]) -> str:
     axes = [a.name for a in grid.table_axes] or ["cells"]
     head = [*axes, "runs", *(c.label for c in grid.columns)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        labels = [r["labels"][a] for a in axes] if grid.table_axes else ["all"]
+        labels = [r.labels[a] for a in axes] if grid.table_axes else ["all"]
         vals = []
         for col in grid.columns:
-            text = _cell_text(r["stats"][col.key], col)
-            vals.append(f"**{text}**" if r["best"][col.key] else text)
-        lines.append("| " + " | ".join([*labels, f"{r['finished']}/{r['cells']}", *vals]) + " |")
+            text = _cell_text(r.stats[col.key], col)
+            vals.append(f"**{text}**" if r.best[col.key] else text)
+        lines.append("| " + " | ".join([*labels, f"{r.finished}/{r.cells}", *vals]) + " |")
     return "\n".join(lines)
 
 
-def write_csv(grid: Grid, rows: list[dict[str, Any]], path: Path) -> None:
+def write_csv(grid: Grid, rows: list[Row], path: Path) -> None:
     """One row per table row: axis labels, runs finished, and per column mean, std, n and best (1/0)."""
     axes = [a.name for a in grid.table_axes]
     buf = io.StringIO()
@@ -334,23 +165,23 @@ def write_csv(grid: Grid, rows: list[dict[str, Any]], path: Path) -> None:
         header += [f"{col.label} mean", f"{col.label} std", f"{col.label} n", f"{col.label} best"]
     w.writerow(header)
     for r in rows:
-        line: list[Any] = [r["labels"][a] for a in axes] + [r["finished"], r["cells"]]
+        line: list[Any] = [r.labels[a] for a in axes] + [r.finished, r.cells]
         for col in grid.columns:
-            s = r["stats"][col.key]
+            s = r.stats[col.key]
             line += ["" if s.mean is None else repr(s.mean * col.scale),
-                     "" if s.std is None else repr(s.std * col.scale), s.n, int(r["best"][col.key])]
+                     "" if s.std is None else repr(s.std * col.scale), s.n, int(r.best[col.key])]
         w.writerow(line)
     atomic_write_text(path, buf.getvalue())
 
 
-def write_cells_csv(grid: Grid, records: list[dict[str, Any]], path: Path) -> None:
+def write_cells_csv(grid: Grid, records: list[CellRecord], path: Path) -> None:
     """One row per cell (no aggregation): axis values, finished, stale, each column's scaled value."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cell", *(a.name for a in grid.axes), "finished", "stale", *(c.label for c in grid.columns)])
     for r in records:
-        w.writerow([r["cell"], *(r[a.name] for a in grid.axes), int(r["finished"]), int(r["stale"]),
-                    *("" if r["values"][c.key] is None else repr(r["values"][c.key] * c.scale) for c in grid.columns)])
+        w.writerow([r.cell, *(r.axis_values[a.name] for a in grid.axes), int(r.finished), int(r.stale),
+                    *("" if r.values[c.key] is None else repr(r.values[c.key] * c.scale) for c in grid.columns)])
     atomic_write_text(path, buf.getvalue())
 
 
@@ -359,24 +190,21 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "column"
 
 
-def write_plots(grid: Grid, rows: list[dict[str, Any]], plot_dir: Path) -> list[Path]:
+def write_plots(grid: Grid, rows: list[Row], plot_dir: Path) -> list[Path]:
     """One bar chart per column (mean, std error bars, best bar highlighted) + overview.png: the ranked
     columns at the grid's scale side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     plot_dir.mkdir(parents=True, exist_ok=True)
     axes = [a.name for a in grid.table_axes]
-    names = [",".join(r["labels"][a] for a in axes) or "all" for r in rows]
+    names = [",".join(r.labels[a] for a in axes) or "all" for r in rows]
     agg = f" (mean ± std over {', '.join(grid.aggregate)})" if grid.aggregate else ""
     paths = []
     for col in grid.columns:
-        means = [r["stats"][col.key].mean for r in rows]
+        means = [r.stats[col.key].mean for r in rows]
         heights = [0.0 if m is None else m * col.scale for m in means]
-        errs = [0.0 if r["stats"][col.key].std is None else r["stats"][col.key].std * col.scale for r in rows]
-        colors = ["tab:orange" if r["best"][col.key] else "tab:blue" for r in rows]
+        errs = [0.0 if r.stats[col.key].std is None else r.stats[col.key].std * col.scale for r in rows]
+        colors = ["tab:orange" if r.best[col.key] else "tab:blue" for r in rows]
         fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(rows) + 2), 3.6))
         ax.bar(range(len(rows)), heights, yerr=errs if any(errs) else None, color=colors, capsize=3)
         for i, m in enumerate(means):
@@ -387,25 +215,21 @@ def write_plots(grid: Grid, rows: list[dict[str, Any]], plot_dir: Path) -> list[
         ax.set_title(f"{grid.name}: {col.label}{agg}", fontsize=9)
         fig.tight_layout()
         path = plot_dir / f"{_slug(col.label)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, path))
     shown = [c for c in grid.columns if c.better != "none" and c.scale == grid.scale] or grid.columns
     fig, ax = plt.subplots(figsize=(max(6.0, len(shown) * (0.8 + 0.15 * len(rows)) + 2), 4.0))
     width = 0.8 / max(1, len(rows))
     for i, (r, name) in enumerate(zip(rows, names)):
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(shown))]
-        hs = [0.0 if r["stats"][c.key].mean is None else r["stats"][c.key].mean * c.scale for c in shown]
-        es = [0.0 if r["stats"][c.key].std is None else r["stats"][c.key].std * c.scale for c in shown]
+        hs = [0.0 if r.stats[c.key].mean is None else r.stats[c.key].mean * c.scale for c in shown]
+        es = [0.0 if r.stats[c.key].std is None else r.stats[c.key].std * c.scale for c in shown]
         ax.bar(xs, hs, width, yerr=es if any(es) else None, label=name, capsize=2)
     ax.set_xticks(range(len(shown)), [c.label for c in shown], rotation=30, ha="right", fontsize=8)
     ax.set_title(f"{grid.name}{agg}", fontsize=9)
     ax.legend(fontsize=7, ncol=max(1, len(rows) // 6 + 1))
     fig.tight_layout()
     path = plot_dir / "overview.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(save_figure(fig, path))
     return paths
 
 
@@ -415,10 +239,7 @@ def write_difference_plot(grid: Grid, comps: list[dict[str, Any]], path: Path) -
     shown = [c for c in grid.columns if any(x["column"] == c.key and x["seed_low"] is not None for x in comps)]
     if not shown:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     axes_names = [a.name for a in grid.table_axes]
     n = len(shown)
@@ -447,26 +268,23 @@ def write_difference_plot(grid: Grid, comps: list[dict[str, Any]], path: Path) -
     fig.suptitle(f"{grid.name}: row − {','.join(f'{k}={v}' for k, v in base.items())} (95 % CI: over seeds "
                  "blue, over queries black; green/red: better/worse)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
-def unresolved_columns(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+def unresolved_columns(records: list[CellRecord]) -> dict[str, list[str]]:
     """Column key -> finished cells whose results have no number at that path."""
     out: dict[str, list[str]] = {}
     for r in records:
-        for key in r["unresolved"]:
-            out.setdefault(key, []).append(r["cell"])
+        for key in r.unresolved:
+            out.setdefault(key, []).append(r.cell)
     return out
 
 
-def markdown_report(grid: Grid, rows: list[dict[str, Any]], records: list[dict[str, Any]], plots: list[Path],
+def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plots: list[Path],
                     relative_to: Path, comps: list[dict[str, Any]] | None = None) -> str:
     """The grid's section for docs: title, provenance, table, notes on the cells, plots."""
     n_cells = len(records)
-    done = sum(r["finished"] for r in records)
+    done = sum(r.finished for r in records)
     source = grid.path.as_posix() if grid.path else "(in-memory grid)"
     command = grid.command or f"python eval/compare.py --grid {source} --only-report"
     lines = [f"## {grid.name}", ""]
@@ -508,8 +326,8 @@ def markdown_report(grid: Grid, rows: list[dict[str, Any]], records: list[dict[s
         lines += [(f"No differences to the baseline `{','.join(f'{k}={v}' for k, v in base.items())}` with an "
                    "interval: that needs at least 2 finished seeds per setting, paired with the baseline's, or "
                    "runs that kept their per-query ranks."), ""]
-    missing = [r["cell"] for r in records if not r["finished"]]
-    stale = [r["cell"] for r in records if r["stale"]]
+    missing = [r.cell for r in records if not r.finished]
+    stale = [r.cell for r in records if r.stale]
     if missing:
         lines += [f"Not finished: {', '.join(f'`{m}`' for m in missing)}.", ""]
     if stale:
@@ -560,7 +378,7 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     out = grid.output_dir
     records = collect(grid)
     if report is not None and not overwrite_report:
-        check_report_target(report, sum(r["finished"] for r in records), len(records))
+        check_report_target(report, sum(r.finished for r in records), len(records))
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(grid, records)
     comps = comparisons(grid, records, rows, n_resamples=n_resamples)
@@ -572,11 +390,11 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     atomic_write_text(out / "compare.md", md)
     write_csv(grid, rows, out / "compare.csv")
     write_cells_csv(grid, records, out / "cells.csv")
-    summary_rows = [{"labels": r["labels"], "finished": r["finished"], "cells": r["cells"],
-                     "stats": {k: vars(s) for k, s in r["stats"].items()}, "best": r["best"]} for r in rows]
-    cells = [{k: v for k, v in r.items() if k not in ("results", "unresolved")} for r in records]
+    summary_rows = [r.to_dict() for r in rows]
+    records_json = [r.to_dict() for r in records]
+    cells = [{k: v for k, v in r.items() if k not in ("results", "unresolved")} for r in records_json]
     base = baseline_labels(grid, rows)
-    atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records,
+    atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records_json,
                                              "rows": summary_rows, "baseline": base, "comparisons": comps})
     written = {"markdown": out / "compare.md", "csv": out / "compare.csv", "cells_csv": out / "cells.csv",
                "json": out / "compare.json", "plots": plot_paths, "table": markdown_table(grid, rows),
@@ -602,5 +420,5 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     return written
 
 
-__all__ = ["ReportRefused", "check_report_target", "collect", "comparisons", "lookup", "markdown_table",
-           "per_query_outcomes", "summarize", "unresolved_columns", "write_report"]
+__all__ = ["ReportRefused", "check_report_target", "comparison_statement", "comparison_table", "markdown_report",
+           "markdown_table", "unresolved_columns", "write_report"]

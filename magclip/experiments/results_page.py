@@ -48,7 +48,8 @@ from typing import Any
 
 from magclip.experiments import stats
 from magclip.experiments.grid import Column
-from magclip.experiments.report import comparison_statement, interval, lookup, seeds_text, signed
+from magclip.experiments.collect import lookup
+from magclip.experiments.report import comparison_statement, interval, seeds_text, signed
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 

@@ -32,9 +32,8 @@ document, keeps k, and reports how many it removed. Means are over the queries t
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -74,7 +73,7 @@ def search(queries: Tensor, docs: Tensor, scorer: Scorer | str, k: int, *, backe
     k = min(k, docs.shape[0])
     q = scorer.prepare_queries(queries).contiguous()
     d = scorer.prepare_docs(docs).contiguous()
-    backend = _backend_name(backend)
+    backend = backend_name(backend)
     if backend == "faiss":
         import faiss
 
@@ -185,7 +184,8 @@ def evaluate_run(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRIC
 
 @dataclass
 class Retrieval:
-    """What one search produced: ids, the raw vectors that were searched, and the run."""
+    """What one search produced: ids, the raw vectors that were searched, and the run (made by
+    magclip.evaluation.text.retrieve, read by the diagnostics of the same search)."""
 
     query_ids: list[str]
     doc_ids: list[str]
@@ -197,43 +197,6 @@ class Retrieval:
     timings: dict[str, float]
 
 
-def retrieve(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str], corpus_texts: Mapping[str, str],
-             scorer: Scorer | str, k: int, *, exclude: Mapping[str, str] | None = None, backend: str = "auto") -> Retrieval:
-    """Encode queries (side "query") and documents (side "passage") with `encode(texts, side)` and search."""
-    qids, dids = list(queries), list(corpus_texts)
-    t0 = time.perf_counter()
-    doc_vecs = encode([corpus_texts[d] for d in dids], "passage")
-    t1 = time.perf_counter()
-    query_vecs = encode([queries[q] for q in qids], "query")
-    t2 = time.perf_counter()
-    run, removed = search_run(query_vecs, doc_vecs, qids, dids, scorer, k, exclude=exclude, backend=backend)
-    t3 = time.perf_counter()
-    timings = {"encode_docs_s": round(t1 - t0, 2), "encode_queries_s": round(t2 - t1, 2), "search_s": round(t3 - t2, 3)}
-    return Retrieval(qids, dids, query_vecs, doc_vecs, run, removed, k, timings)
-
-
-def evaluate_retrieval(encode: Callable[[list[str], str], Tensor], queries: Mapping[str, str],
-                       corpus_texts: Mapping[str, str], qrels: Qrels, scorer: Scorer | str, *,
-                       metrics: Sequence[str] = DEFAULT_METRICS, k: int | None = None,
-                       exclude: Mapping[str, str] | None = None, backend: str = "auto",
-                       keep: list[Retrieval] | None = None) -> dict[str, Any]:
-    """`retrieve` + `evaluate_run`: the metric means plus `queries`, `docs`, `removed_identical` (documents
-    `exclude` removed from the top k), timings, scorer.
-
-    `keep`: a list that receives the `Retrieval` (vectors and run), for diagnostics on the same search.
-    """
-    scorer = Scorer.build(scorer)
-    k = k or max(parse_metric(m)[1] for m in metrics)
-    r = retrieve(encode, queries, corpus_texts, scorer, k, exclude=exclude, backend=backend)
-    if keep is not None:
-        keep.append(r)
-    out = evaluate_run(qrels, r.run, metrics)
-    out.update({"queries": len(r.query_ids), "docs": len(r.doc_ids), "removed_identical": r.removed_identical, "k": k,
-                "scorer": scorer.to_dict(), "search_backend": _backend_name(backend),
-                "doc_norm_mean": float(r.doc_vecs.norm(dim=-1).mean()),
-                "query_norm_mean": float(r.query_vecs.norm(dim=-1).mean()), **r.timings})
-    return out
-
-
-def _backend_name(backend: str) -> str:
+def backend_name(backend: str) -> str:
+    """The backend "auto" means (torch: the faster exact search, see the module docstring)."""
     return "torch" if backend == "auto" else backend

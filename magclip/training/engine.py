@@ -4,7 +4,8 @@ A task subclasses `TrainModule` (forward = encode a micro-batch into features, `
 the contrastive loss on features of the whole accumulated batch, `project_` = clip constrained
 parameters after a step) and a loader factory. The engine owns what every contrastive run needs:
 
-- AdamW, no weight decay on 1-D parameters, the logit scale and the norm exponents;
+- AdamW over the module's own groups (`TrainModule.param_groups`: no weight decay on 1-D parameters,
+  the logit scale and the norm exponents);
 - cosine schedule with linear warmup;
 - precision fp32/bf16/fp16 through accelerate;
 - gradient accumulation with open_clip's feature cache: features of all micro-batches are first
@@ -90,6 +91,27 @@ class TrainModule(nn.Module):
     def log_state(self) -> dict[str, float]:
         return {"logit_scale": self.logit_scale.value}
 
+    def param_groups(self, weight_decay: float, loss_lr: float | None = None) -> list[dict]:
+        """AdamW groups (the module knows its parameters, as nanoGPT's configure_optimizers): no decay on
+        1-D tensors (norms, biases, gains) and on the loss parameters (logit scale, exponents). With
+        `loss_lr` the loss parameters get that learning rate: at a fine-tuning rate such as 2e-5 they
+        would otherwise barely move."""
+        own = {id(p) for p in self.loss_parameters()}
+        decay, no_decay, loss_side = [], [], []
+        for p in self.parameters():
+            if not p.requires_grad:
+                continue
+            if id(p) in own:
+                (loss_side if loss_lr is not None else no_decay).append(p)
+            elif p.ndim < 2:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if loss_side:
+            groups.append({"params": loss_side, "weight_decay": 0.0, "lr": loss_lr})
+        return groups
+
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
@@ -125,29 +147,6 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
                        cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
 
 
-def param_groups(module: nn.Module, weight_decay: float, loss_lr: float | None = None) -> list[dict]:
-    """No decay on 1-D tensors (norms, biases, embeddings' gains), the logit scale and the exponents.
-
-    With `loss_lr`, the loss's own parameters (logit scale, exponents) get that learning rate: at a
-    fine-tuning rate such as 2e-5 they would otherwise barely move.
-    """
-    own_lr = {id(p) for p in module.loss_parameters()} if loss_lr is not None else set()
-    decay, no_decay, loss_side = [], [], []
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in own_lr:
-            loss_side.append(p)
-        elif p.ndim < 2 or "logit_scale" in name or "gamma_" in name:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if loss_side:
-        groups.append({"params": loss_side, "weight_decay": 0.0, "lr": loss_lr})
-    return groups
-
-
 def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < warmup:
@@ -177,7 +176,7 @@ class Engine:
             raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
         self.evaluate = evaluate
-        optimizer = torch.optim.AdamW(param_groups(module, cfg.weight_decay, cfg.loss_lr), lr=cfg.lr,
+        optimizer = torch.optim.AdamW(module.param_groups(cfg.weight_decay, cfg.loss_lr), lr=cfg.lr,
                                       betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, self.total_steps))
         # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would

@@ -27,7 +27,7 @@ from magclip.config import (
 )
 from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
-from magclip.evaluation.text import TextEvalSets, evaluate_text_sets
+from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.losses import RetrievalLoss
 from magclip.models.text import BiEncoder
 from magclip.similarity import make_scorer

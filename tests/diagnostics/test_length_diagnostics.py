@@ -8,7 +8,8 @@ import torch
 
 from magclip.diagnostics import length as L
 from magclip.diagnostics.magnitude import cohens_d
-from magclip.metrics.ir import evaluate_run, retrieve
+from magclip.evaluation.text import retrieve
+from magclip.metrics.ir import evaluate_run
 
 
 def ranks(x: np.ndarray) -> np.ndarray:

@@ -136,7 +136,7 @@ def test_evaluate_rag_ranks_like_the_scorer(tmp_path):
              "what is the largest animal": [1, 0, 0], "how long do cats sleep": [0.8, 0.2, 0.6],
              "what makes protein": [1, 0, 0.1]}
     out = evaluate_rag(vector_encoder(table), data, ["cosine", "dot"], ks=(1, 2, 4), keep_ranked=4)
-    cos, dot = out["by_mode"]["cosine"], out["by_mode"]["dot"]
+    cos, dot = out["modes"]["cosine"], out["modes"]["dot"]
     assert out["ranked"]["cosine"][1] == ["p3", "p0", "p2", "p1"]
     assert cos["answer_recall@1"] == pytest.approx(1 / 3) and cos["answer_recall@2"] == pytest.approx(2 / 3)
     assert cos["answer_recall@4"] == 1.0 and cos["gold_passage_acc@1"] == pytest.approx(1 / 3)
@@ -166,8 +166,8 @@ def test_distractors_never_make_it_easier(tmp_path, seed):
         table[f"question {i}"] = (torch.tensor(table[docs[i]["text"]]) + torch.randn(8, generator=g)).tolist()
     encode = vector_encoder(table)
     for mode in ("cosine", "dot", "qnorm", "dnorm"):
-        clean = evaluate_rag(encode, data, [mode], ks=(1, 3, 5))["by_mode"][mode]
-        hard = evaluate_rag(encode, data, [mode], distractors=distractors, ks=(1, 3, 5))["by_mode"][mode]
+        clean = evaluate_rag(encode, data, [mode], ks=(1, 3, 5))["modes"][mode]
+        hard = evaluate_rag(encode, data, [mode], distractors=distractors, ks=(1, 3, 5))["modes"][mode]
         for key in ("answer_recall@1", "answer_recall@3", "answer_recall@5", "gold_passage_acc@1",
                     "gold_passage_recall@5"):
             assert hard[key] <= clean[key], (mode, key)
@@ -179,7 +179,7 @@ def test_distractors_never_make_it_easier(tmp_path, seed):
     clean = evaluate_rag(encode, data, ["cosine"], ks=(1,), keep_ranked=1)
     hard = evaluate_rag(encode, data, ["cosine"], distractors=distractors, ks=(1,), keep_ranked=1)
     assert clean["ranked"]["cosine"][0] == ["p0"] and hard["ranked"]["cosine"][0] == [first]
-    c, h = clean["by_mode"]["cosine"], hard["by_mode"]["cosine"]
+    c, h = clean["modes"]["cosine"], hard["modes"]["cosine"]
     assert h["gold_passage_acc@1"] <= c["gold_passage_acc@1"] - 1 / 12 + 1e-9
     assert h["answer_recall@1"] <= c["answer_recall@1"] - 1 / 12 + 1e-9 and h["distractor_top1"] >= 1 / 12
 
@@ -191,7 +191,7 @@ def test_distractor_with_the_answer_string_is_counted(tmp_path):
     table = {docs["p0"]: [1, 0], docs["p1"]: [0, 1], docs["p2"]: [0.7, 0.7], docs["p3"]: [0.6, 0.8],
              "Ribosomes are also found in bacteria.": [0.01, 1], "what is the largest animal": [1, 0],
              "how long do cats sleep": [0, 1], "what makes protein": [0.01, 1]}
-    m = evaluate_rag(vector_encoder(table), data, ["cosine"], distractors=distractors, ks=(1,))["by_mode"]["cosine"]
+    m = evaluate_rag(vector_encoder(table), data, ["cosine"], distractors=distractors, ks=(1,))["modes"]["cosine"]
     assert m["answer_only_in_distractors@1"] == pytest.approx(1 / 3)  # q2 credited by the distractor only
     assert m["gold_passage_acc@1"] == pytest.approx(2 / 3)
 
@@ -259,9 +259,9 @@ def test_launcher_results_json_with_distractors_and_generator(tmp_path, tiny_gpt
     for k in DEFAULT_KS:
         assert 0.0 <= e[f"answer_recall@{k}"] <= 1.0
     assert e["answer_recall@20"] == 1.0                      # the whole pool (5 passages) is retrieved
-    assert {"gold_passage_acc@1", "questions", "passages", "mode", "modes", "scorer", "warnings"} <= e.keys()
+    assert {"gold_passage_acc@1", "questions", "passages", "modes", "scorer", "warnings"} <= e.keys()
     assert e["questions"] == 3 and e["passages"] == 5 and e["distractor_passages"] == 1
-    assert e["distractors"] == {"noise": 1} and e["mode"] == "cosine" and set(e["modes"]) == {"cosine", "dot"}
+    assert e["distractors"] == {"noise": 1} and e["scorer"]["mode"] == "cosine" and set(e["modes"]) == {"cosine", "dot"}
     g = e["generator"]
     assert g["questions"] == 2 and len(g["predictions"]) == 2 and 0.0 <= g["exact_match"] <= 1.0
     assert g["exact_match"] == sum(p["em"] for p in g["predictions"]) / 2

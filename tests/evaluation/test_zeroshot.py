@@ -25,15 +25,9 @@ from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import save_checkpoint_for_open_clip
 from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip, resolve_checkpoint, scorers_from_meta
 from magclip.evaluation.emoji import emoji_benchmark
-from magclip.evaluation.zeroshot import (
-    ClassSet,
-    class_prototypes,
-    class_text_features,
-    classification_metrics,
-    encode_shards,
-    load_classes,
-    top_classes,
-)
+from magclip.data.classes import ClassSet, load_classes
+from magclip.evaluation.zeroshot import class_prototypes, class_text_features, encode_shards, top_classes
+from magclip.metrics.classification import classification_metrics
 
 from builders import png
 

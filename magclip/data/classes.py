@@ -1,0 +1,134 @@
+"""Zero-shot class lists and prompt templates: what a classifier's documents are made of.
+
+A class list names the classes (what templates are filled with), the keys sample labels are matched
+against and optional groups (e.g. emoji categories); templates are format strings with "{}" (or
+callables) from open_clip's presets, a file, or literal strings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TEMPLATE_PRESETS = ("identity", "simple", "openai")
+
+
+@dataclass
+class ClassSet:
+    """Class names (what the templates are filled with), the keys that sample labels are matched
+    against, and optional groups (e.g. emoji categories) for metrics without some groups."""
+
+    names: list[str]
+    keys: list[str]
+    groups: list[str] | None = None
+    source: str = "<memory>"
+    key_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            raise ValueError(f"class list {self.source} is empty")
+        if len(self.keys) != len(self.names) or (self.groups is not None and len(self.groups) != len(self.names)):
+            raise ValueError(f"class list {self.source}: names, keys and groups differ in length")
+        dup = [k for k, n in Counter(self.keys).items() if n > 1]
+        if dup:
+            raise ValueError(f"class list {self.source}: duplicate class keys {dup[:5]}")
+        self._by_key = {k: i for i, k in enumerate(self.keys)}
+        self._by_name = {n: i for i, n in enumerate(self.names)} if len(set(self.names)) == len(self.names) else {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index_of(self, label: Any, where: str) -> int:
+        """Class index of one sample label: a class key, else (no key field) an index or a name."""
+        text = str(label).strip()
+        if text in self._by_key:
+            return self._by_key[text]
+        if self.key_field is None:
+            if isinstance(label, int) or text.lstrip("-").isdigit():
+                i = int(text)
+                if 0 <= i < len(self):
+                    return i
+            elif text in self._by_name:
+                return self._by_name[text]
+        what = f"key field {self.key_field!r}" if self.key_field else f"{len(self)} classes (index or name)"
+        raise ValueError(f"label {label!r} of {where} is not in the class list {self.source} ({what}): "
+                         "the class list does not match the labels")
+
+
+def load_classes(path: str | Path, *, name_field: str = "name", key_field: str | None = None,
+                 group_field: str | None = None) -> ClassSet:
+    """A class list from a file.
+
+    - `.txt`: one class name per line; labels are indices into the list (or the names).
+    - `.json`: a list of names, or a list of objects; `.jsonl`: one object per line. Objects give
+      the name in `name_field`, the label key in `key_field` (default: the index) and an optional
+      group in `group_field`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"class list not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".txt":
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+        rows: list[Any] = names
+    elif path.suffix == ".jsonl":
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exn:
+            raise ValueError(f"class list {path} is not valid JSONL: {exn}") from exn
+    elif path.suffix == ".json":
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exn:
+            raise ValueError(f"class list {path} is not valid JSON: {exn}") from exn
+        if not isinstance(rows, list):
+            raise ValueError(f"class list {path} must hold a JSON list")
+    else:
+        raise ValueError(f"class list {path}: expected .txt, .json or .jsonl")
+    if all(isinstance(r, str) for r in rows):
+        if key_field or group_field:
+            raise ValueError(f"class list {path} holds plain names: key/group fields need objects")
+        return ClassSet(list(rows), [str(i) for i in range(len(rows))], None, str(path), None)
+
+    def get(row: Any, f: str, i: int) -> Any:
+        if not isinstance(row, dict) or f not in row:
+            raise ValueError(f"class list {path}, entry {i}: no field {f!r}")
+        return row[f]
+
+    names = [str(get(r, name_field, i)) for i, r in enumerate(rows)]
+    keys = [str(get(r, key_field, i)) for i, r in enumerate(rows)] if key_field else [str(i) for i in range(len(rows))]
+    groups = [str(get(r, group_field, i)) for i, r in enumerate(rows)] if group_field else None
+    return ClassSet(names, keys, groups, str(path), key_field)
+
+
+def resolve_templates(specs: Sequence[str] | None) -> list[str | Callable[[str], str]]:
+    """Prompt templates from presets ('identity' = "{}", 'simple' / 'openai' = open_clip's ImageNet
+    templates), files (one format string per line) or literal strings containing "{}"."""
+    out: list[str | Callable[[str], str]] = []
+    for spec in specs or ["identity"]:
+        if spec == "identity":
+            out.append("{}")
+        elif spec in ("simple", "openai"):
+            from open_clip import zero_shot_metadata as meta
+
+            out += list(meta.SIMPLE_IMAGENET_TEMPLATES if spec == "simple" else meta.OPENAI_IMAGENET_TEMPLATES)
+        elif "{}" in spec:
+            out.append(spec)
+        elif Path(spec).is_file():
+            lines = [ln.strip() for ln in Path(spec).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            bad = [ln for ln in lines if "{}" not in ln]
+            if not lines or bad:
+                raise ValueError(f"template file {spec}: every line needs a '{{}}' (bad: {bad[:3]})")
+            out += lines
+        else:
+            raise ValueError(f"template {spec!r}: not a preset ({', '.join(TEMPLATE_PRESETS)}), "
+                             "an existing file, or a string containing '{}'")
+    return out
+
+
+def fill_template(template: str | Callable[[str], str], name: str) -> str:
+    return template.format(name) if isinstance(template, str) else template(name)

@@ -1,0 +1,61 @@
+"""What a text training run evaluates, as its config lists it (`eval.beir`, `eval.sts`, `eval.rag`): the
+sets loaded once at the start, then scored with the run's own Scorer at every validation and at the end,
+flattened to {"<set>/<metric>": value} for metrics.jsonl. The evaluators are magclip.evaluation's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from magclip.config import TextEvalConfig
+from magclip.data.beir import BeirData, load_beir
+from magclip.data.qa import QAData, load_qa
+from magclip.data.sts import STSData, read_sts
+from magclip.diagnostics.length import flat_length_metrics
+from magclip.evaluation.rag import evaluate_rag
+from magclip.evaluation.text import beir_token_lengths, encoder_fn, evaluate_beir_data, evaluate_sts, same_sides, sts_path
+from magclip.models.text import BiEncoder
+from magclip.similarity import Scorer
+
+
+@dataclass
+class TextEvalSets:
+    """The evaluation data of a text training run, loaded once (`eval.beir`, `eval.sts`, `eval.rag`)."""
+
+    beir: dict[str, BeirData] = field(default_factory=dict)
+    sts: dict[str, STSData] = field(default_factory=dict)
+    rag: dict[str, QAData] = field(default_factory=dict)
+    lengths: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # BEIR token counts
+
+    def __bool__(self) -> bool:
+        return bool(self.beir or self.sts or self.rag)
+
+    @classmethod
+    def load(cls, cfg: TextEvalConfig, model: BiEncoder) -> "TextEvalSets":
+        beir = {}
+        for name, folder in cfg.beir.items():
+            data = load_beir(folder, cfg.split)
+            beir[name] = data.subset(cfg.max_queries, cfg.max_docs) if (cfg.max_queries or cfg.max_docs) else data
+        lengths = {name: beir_token_lengths(model, data) for name, data in beir.items()} if cfg.length_bins else {}
+        return cls(beir, {name: read_sts(sts_path(p, cfg.split)[1], name) for name, p in cfg.sts.items()},
+                   {name: load_qa(folder, cfg.split) for name, folder in cfg.rag.items()}, lengths)
+
+
+def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig,
+                       device=None) -> dict[str, float]:
+    """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl."""
+    out: dict[str, float] = {}
+    for name, data in sets.beir.items():
+        r = evaluate_beir_data(model, data, scorer, batch_size=cfg.batch_size, device=device, backend=cfg.backend,
+                               identical_ids=cfg.identical_ids, length_bins=cfg.length_bins,
+                               lengths=sets.lengths.get(name))
+        if "length" in r:
+            r.update(flat_length_metrics(r.pop("length")))
+        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+    encode = encoder_fn(model, cfg.batch_size, device)
+    for name, data in sets.sts.items():
+        r = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
+        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+    for name, data in sets.rag.items():
+        r = next(iter(evaluate_rag(encode, data, [scorer], backend=cfg.backend)["modes"].values()))
+        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+    return out
