@@ -7,12 +7,15 @@ Every command checks its arguments, config and input paths before it imports tor
 model (tests/cli/test_errors.py asserts the modules loaded; this measures the time). Each case is a
 fresh `python` process, rotated per round; the reference is `python -c "import torch, open_clip"`,
 what each of these paid before. Figures: median wall seconds per case and its ratio to the reference.
+Every case runs offline (HF_HUB_OFFLINE=1, an empty HF_HOME), so the hub cases answer from the cache
+check alone: their figure is what the one-line "not in the local hub cache" error costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +32,14 @@ CASES = {
     "eval/zeroshot.py --checkpoint <missing>": ["eval/zeroshot.py", "--checkpoint", "/no/such/run", "--data", "x.tar",
                                                 "--out", "/tmp/x.json"],
     "eval/compare.py --help": ["eval/compare.py", "--help"],
+    # offline (HF_HUB_OFFLINE=1, an empty HF_HOME): a hub model / pretrained tag answers in one line
+    "train/clip.py model.name=hf-hub:<not cached>": ["train/clip.py", "model.name=hf-hub:timm/ViT-B-16-SigLIP",
+                                                     "output_dir=/tmp/bench_cli_runs"],
+    "train/clip.py ViT-B-32 pretrained=<tag not cached>": ["train/clip.py", "model.name=ViT-B-32",
+                                                          "model.pretrained=laion2b_s34b_b79k",
+                                                          "output_dir=/tmp/bench_cli_runs"],
 }
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/bench_cli_empty_hf_home"}
 
 
 def main() -> None:
@@ -42,7 +52,9 @@ def main() -> None:
     for rnd in range(args.rounds):
         for name in names[rnd % len(names):] + names[:rnd % len(names)]:
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, *CASES[name]], cwd=REPO, capture_output=True, text=True, timeout=600)
+            env = {**os.environ, **OFFLINE}
+            proc = subprocess.run([sys.executable, *CASES[name]], cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=600)
             times[name].append(time.perf_counter() - t0)
             codes[name] = proc.returncode
     ref = statistics.median(times[names[0]])

@@ -18,27 +18,33 @@ from typing import Any
 import yaml
 
 from magclip.io import atomic_write_text
-from magclip.modes import MODES, TEXT_COSINE_SCALE, check_mode, resolve_specs
+from magclip.modes import LOSS_TYPES, MODES, TEXT_COSINE_SCALE, check_mode, resolve_specs
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")  # auto: bf16 where the device computes it natively, else fp32
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")  # train.optimizer_impl (magclip.training.levers)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
 RESUME_WORDS = ("latest", "auto")  # train.resume: the newest checkpoint (required / if there is one)
 
 # Keys a resume may change: where the run is, when it stops, how often it logs, validates and
-# checkpoints, and how the host runs it. Every other key changes the experiment, and a resume whose
-# config differs from its checkpoint's in one is refused (`resume_differences`). Two of these still
-# change what is trained, and a resume says so when they differ: the number of steps (the cosine
-# schedule is recomputed for the new total from the resumed step on) and the loader workers (the
-# epoch in progress is read in another sample order).
+# checkpoints, and how the host runs it (threads, loader workers, the speed levers but precision).
+# Every other key changes the experiment, and a resume whose config differs from its checkpoint's in
+# one is refused (`resume_differences`). Some of these still change what is trained, and a resume says
+# so when they differ (RESUME_CAVEATS): the number of steps (the cosine schedule is recomputed for the
+# new total from the resumed step on), the loader workers (the epoch in progress is read in another
+# sample order) and the speed levers (float rounding).
 RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
     "train.val_every", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
-    "train.max_nonfinite_steps", "data.workers", "eval.batch_size",
+    "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
+    "train.compile", "train.compile_mode",
 )
 RESUME_CAVEATS = {
     "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
     "train.max_steps": "the learning-rate schedule is recomputed for the new number of steps",
     "data.workers": "the epoch in progress is read in another sample order",
+    **{f"train.{k}": "a speed lever: the run continues the same experiment, rounded differently from an unbroken run"
+       for k in ("optimizer_impl", "channels_last", "compile", "compile_mode")},
 }
 POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
 
@@ -79,6 +85,8 @@ class DataConfig:
 
 @dataclass
 class LossConfig:
+    type: str = "clip"                # clip: softmax per direction (CLIPLoss); siglip: pairwise sigmoid (SigLIPLoss)
+    mode: str = "cosine"              # siglip: the one scoring mode, the image as query (clip: loss.i2t / loss.t2i)
     i2t: str | None = "cosine"        # scoring mode image->text (image = query); None drops the direction
     t2i: str | None = "cosine"        # scoring mode text->image (text = query)
     i2t_weight: float = 1.0
@@ -92,6 +100,13 @@ class LossConfig:
     logit_scale_learnable: bool | None = None
     logit_scale_max: float | None = None
     logit_scale_from_norms: bool = False      # start every mode at cosine's effective temperature
+    logit_bias_init: float | None = None      # siglip: None = -10 (open_clip's SigLIP init, every mode)
+    logit_bias_learnable: bool = True
+
+
+# keys of one loss type only, with the value they must keep under the other (a set one is an error)
+CLIP_ONLY_KEYS = {"i2t": "cosine", "t2i": "cosine", "i2t_weight": 1.0, "t2i_weight": 1.0, "share_learnable": False}
+SIGLIP_ONLY_KEYS = {"mode": "cosine", "logit_bias_init": None, "logit_bias_learnable": True}
 
 
 @dataclass
@@ -106,7 +121,11 @@ class TrainConfig:
     beta2: float = 0.98
     eps: float = 1e-6
     warmup_steps: int = 50
-    precision: str = "fp32"
+    precision: str = "fp32"           # fp32 / bf16 / fp16 / auto (bf16 where native: magclip.training.levers)
+    optimizer_impl: str = "auto"      # AdamW kernel: auto (fused where torch has it) / fused / foreach / for_loop
+    channels_last: bool = True        # conv towers in channels_last memory (ignored, with a log line, without convs)
+    compile: bool = False             # torch.compile the towers (a cold compile costs minutes on a CPU)
+    compile_mode: str = "default"
     accum_freq: int = 1               # micro-batches per step; negatives span all of them (feature cache)
     grad_clip: float | None = 1.0
     seed: int = 0
@@ -343,16 +362,34 @@ def validate(cfg: Any) -> None:
     """Value checks that types alone cannot express: the run schemas share the training and scorer
     checks; each adds its own."""
     if isinstance(cfg, RunConfig):
-        for direction in ("i2t", "t2i"):
-            _check_mode(f"loss.{direction}", getattr(cfg.loss, direction), allow_none=True)
-        if cfg.loss.i2t is None and cfg.loss.t2i is None:
-            raise ConfigError("loss.i2t and loss.t2i are both null: keep at least one direction")
-        _check_exponents(cfg.loss, [m for m in (cfg.loss.i2t, cfg.loss.t2i) if m is not None])
+        _check_clip_loss(cfg.loss)
     elif isinstance(cfg, TextRunConfig):
         _check_text(cfg)
     else:
         return
     _check_train(cfg.train)
+
+
+def _check_clip_loss(loss: LossConfig) -> None:
+    """The CLIP run's loss: the type, then its own keys (a key of the other type is an error naming it)."""
+    if loss.type not in LOSS_TYPES:
+        raise ConfigError(f"loss.type={loss.type!r}; allowed: {', '.join(LOSS_TYPES)}")
+    foreign = CLIP_ONLY_KEYS if loss.type == "siglip" else SIGLIP_ONLY_KEYS
+    for key, unset in foreign.items():
+        if getattr(loss, key) != unset:
+            other = "clip" if loss.type == "siglip" else "siglip"
+            hint = ("the sigmoid loss has one score matrix: set its mode with loss.mode (the image is the query)"
+                    if loss.type == "siglip" else "the CLIP loss sets a mode per direction: loss.i2t / loss.t2i")
+            raise ConfigError(f"loss.{key} is a key of loss.type={other}, not of loss.type={loss.type}; {hint}")
+    if loss.type == "siglip":
+        _check_mode("loss.mode", loss.mode)
+        _check_exponents(loss, [loss.mode])
+        return
+    for direction in ("i2t", "t2i"):
+        _check_mode(f"loss.{direction}", getattr(loss, direction), allow_none=True)
+    if loss.i2t is None and loss.t2i is None:
+        raise ConfigError("loss.i2t and loss.t2i are both null: keep at least one direction")
+    _check_exponents(loss, [m for m in (loss.i2t, loss.t2i) if m is not None])
 
 
 def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
@@ -376,6 +413,10 @@ def _check_exponents(loss: Any, modes: list[str]) -> None:
 def _check_train(train: TrainConfig) -> None:
     if train.precision not in PRECISIONS:
         raise ConfigError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if train.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise ConfigError(f"train.optimizer_impl={train.optimizer_impl!r}; allowed: {', '.join(OPTIMIZER_IMPLS)}")
+    if train.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"train.compile_mode={train.compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
     if train.threads is not None and train.threads < 1:
         raise ConfigError(f"train.threads must be >= 1 or null (automatic), got {train.threads}")
     positive = {"train.batch_size": train.batch_size, "train.epochs": train.epochs,

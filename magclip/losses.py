@@ -1,7 +1,6 @@
-"""The contrastive losses, each scoring with a `Scorer`: CLIPLoss (image<->text, per direction) and
-RetrievalLoss (query -> documents with in-batch and hard negatives).
-
-Contrastive losses that score with a `Scorer` per direction.
+"""The contrastive losses, each scoring with a `Scorer`: CLIPLoss (image<->text softmax, per direction),
+SigLIPLoss (image-text pairwise sigmoid) and RetrievalLoss (query -> documents with in-batch and hard
+negatives).
 
 CLIPLoss
     Inputs: raw (unnormalized) image and text features [B, D] of this rank, the logit scale
@@ -100,13 +99,7 @@ class CLIPLoss(nn.Module):
         return logits
 
     def _gather(self, image_features: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if distributed.world_size() == 1:
-            return image_features, text_features
-        if self.gather_with_grad:
-            return distributed.all_gather_with_grad(image_features), distributed.all_gather_with_grad(text_features)
-        keep_local = not self.local_loss  # open_clip: local queries already carry the local graph
-        return (distributed.all_gather_no_grad(image_features, keep_local),
-                distributed.all_gather_no_grad(text_features, keep_local))
+        return gather_pairs(image_features, text_features, self.gather_with_grad, self.local_loss)
 
     def scorer_state(self) -> dict[str, dict]:
         """Mode, exponents and weight per direction, for logs, results and checkpoints."""
@@ -116,6 +109,81 @@ class CLIPLoss(nn.Module):
         """Project learnable exponents into [0, 1]; call after each optimizer step."""
         for scorer in self.scorers.values():
             scorer.project_()
+
+
+def gather_pairs(image_features: torch.Tensor, text_features: torch.Tensor, with_grad: bool,
+                 local_loss: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's *raw* image and text features, in rank order (the Scorer is applied after this)."""
+    if distributed.world_size() == 1:
+        return image_features, text_features
+    if with_grad:
+        return distributed.all_gather_with_grad(image_features), distributed.all_gather_with_grad(text_features)
+    keep_local = not local_loss  # open_clip: local queries already carry the local graph
+    return (distributed.all_gather_no_grad(image_features, keep_local),
+            distributed.all_gather_no_grad(text_features, keep_local))
+
+
+class SigLIPLoss(nn.Module):
+    """SigLIP's pairwise sigmoid loss (open_clip's `SigLipLoss`), scoring with any Scorer.
+
+    Inputs: raw image and text features [B, D] of this rank, the logit scale (exponentiated) and the
+    logit bias (scalar tensors). Output: a dict with `loss` and `acc_i2t` (in-batch top-1 of the
+    image rows).
+
+        s(image, text) = < image / ||image||^γ_image , text / ||text||^γ_text >   (the image is the query)
+        logits = scale * s + bias,  labels = +1 for a matching pair, -1 for every other pair
+        loss = - sum_pairs log sigmoid(labels * logits) / number of image rows
+
+    The sigmoid loss has no directions: one score matrix, one binary decision per pair. The only
+    asymmetry it can have is which side keeps its magnitude: the Scorer's corners with the image as
+    query are cosine (both normalized), dot (both raw), qnorm (image normalized, text raw: the text
+    keeps its magnitude), dnorm (text normalized, image raw), fixed/learnable (any point between).
+
+    Distributed: raw features gathered with autograd, scored after the gather; `local_loss=True`
+    (open_clip's form: this rank's images against every rank's texts, divided by the local batch) or
+    `local_loss=False` (the whole global matrix on every rank, divided by the global batch). Both give
+    every rank the exact gradient of the global-batch loss once DDP averages gradients (tested on 2
+    processes). open_clip's neighbour exchange computes the same sums without materialising the
+    gathered texts; the gather is kept here because a learnable exponent needs every rank's norms in
+    one place anyway.
+
+    When to use: the other contrastive family, to ask whether the magnitude question changes when
+    the loss is pairwise rather than a softmax over the batch.
+    """
+
+    def __init__(self, scorer: "str | Scorer | Mapping" = "cosine", local_loss: bool = True,
+                 gather_with_grad: bool = True):
+        super().__init__()
+        self.scorers = nn.ModuleDict({"i2t": Scorer.build(scorer)})
+        self.local_loss = local_loss
+        self.gather_with_grad = gather_with_grad
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.scorers["i2t"]
+
+    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,
+                logit_bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if logit_bias is None:
+            raise ValueError("the sigmoid loss needs a logit bias")
+        all_images, all_texts = gather_pairs(image_features, text_features, self.gather_with_grad, self.local_loss)
+        images = image_features if self.local_loss else all_images
+        offset = distributed.rank() * image_features.shape[0] if self.local_loss else 0
+        logits = CLIPLoss.logits(self.scorer, images, all_texts, logit_scale, logit_bias)
+        targets = torch.arange(images.shape[0], device=logits.device) + offset
+        labels = -torch.ones_like(logits)
+        labels[torch.arange(images.shape[0], device=logits.device), targets] = 1.0
+        loss = -F.logsigmoid(labels * logits).sum() / images.shape[0]
+        acc = (logits.detach().argmax(dim=1) == targets).float().mean()
+        return {"loss": loss, "acc_i2t": acc}
+
+    def scorer_state(self) -> dict[str, dict]:
+        """The one scorer (image = query), recorded as the i2t direction: evaluation scores text->image
+        with it transposed (`similarity.evaluation_scorers`)."""
+        return {"i2t": {**self.scorer.to_dict(), "weight": 1.0}}
+
+    def project_(self) -> None:
+        self.scorer.project_()
 
 
 class RetrievalLoss(nn.Module):

@@ -26,6 +26,9 @@ CLIP_INIT_SCALE = 1 / 0.07        # open_clip's init for cosine
 CLIP_MAX_SCALE = 100.0
 TEXT_COSINE_SCALE = 20.0          # sentence-transformers' MultipleNegativesRankingLoss (temperature 0.05)
 RAW_INIT_SCALE = 1.0              # any mode with a raw side
+SIGLIP_INIT_SCALE = 10.0          # open_clip's SigLIP init (log scale log 10) for cosine
+SIGLIP_INIT_BIAS = -10.0          # open_clip's SigLIP bias init: every pair starts as a confident negative
+LOSS_TYPES = ("clip", "siglip")   # softmax per direction (CLIPLoss) / pairwise sigmoid (SigLIPLoss)
 
 
 def check_mode(mode: str) -> str:

@@ -15,7 +15,13 @@ and text trainers and the Fisher diagnostic start each mode alike:
 |                                |                   |           |      | several units saturates the softmax at step 0 |
 
 A fixed scale of 1 under-trains the raw modes when norms stay small, so the scale stays learnable
-by default. `match_cosine_temperature` gives every mode the same *effective* starting temperature
+by default.
+
+The sigmoid loss (SigLIP) has a learnable logit bias as well (`LogitBias`): cosine starts at open_clip's
+SigLIP point (scale 10, bias -10); a mode with a raw side at scale 1 (the magnitude is the
+temperature, as above) and the same bias -10. The bias is a prior in logit units: at the start a
+pair's score is about 0 whatever the mode (random features), so -10 makes every pair a confident
+negative (sigmoid(-10) = 4.5e-5) in every mode alike, and the scale alone sets how fast scores move. `match_cosine_temperature` gives every mode the same *effective* starting temperature
 (a run's `logit_scale_from_norms`): the scale is set so that scale * E[||q||^(1-gq)] * E[||d||^(1-gd)]
 equals the cosine scale.
 """
@@ -30,7 +36,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from magclip.modes import CLIP_INIT_SCALE, CLIP_MAX_SCALE, RAW_INIT_SCALE, TEXT_COSINE_SCALE  # noqa: F401
+from magclip.modes import (  # noqa: F401
+    CLIP_INIT_SCALE,
+    CLIP_MAX_SCALE,
+    RAW_INIT_SCALE,
+    SIGLIP_INIT_BIAS,
+    SIGLIP_INIT_SCALE,
+    TEXT_COSINE_SCALE,
+)
 from magclip.similarity import Scorer
 
 log = logging.getLogger("magclip.temperature")
@@ -42,6 +55,11 @@ class ScaleDefaults:
     init: float
     learnable: bool
     max: float | None
+
+
+def siglip_defaults(mode: str) -> tuple[ScaleDefaults, float]:
+    """(scale defaults, bias init) of the sigmoid loss in `mode` (see the module docstring)."""
+    return default_logit_scale(mode, SIGLIP_INIT_SCALE), SIGLIP_INIT_BIAS
 
 
 def default_logit_scale(modes: str | Iterable[str], cosine_scale: float = CLIP_INIT_SCALE) -> ScaleDefaults:
@@ -95,6 +113,28 @@ class LogitScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"scale={self.value:.4f}, learnable={self.log_scale.requires_grad}, max={self.max_scale}"
+
+
+class LogitBias(nn.Module):
+    """The sigmoid loss's learnable logit bias (open_clip's `logit_bias`): a scalar added to every logit."""
+
+    def __init__(self, init: float = SIGLIP_INIT_BIAS, learnable: bool = True):
+        super().__init__()
+        self.bias = nn.Parameter(torch.tensor(float(init), dtype=torch.float32), requires_grad=learnable)
+
+    def forward(self) -> torch.Tensor:
+        return self.bias
+
+    @property
+    def value(self) -> float:
+        return float(self.bias.detach())
+
+    @torch.no_grad()
+    def set_(self, bias: float) -> None:
+        self.bias.fill_(bias)
+
+    def extra_repr(self) -> str:
+        return f"bias={self.value:.4f}, learnable={self.bias.requires_grad}"
 
 
 def scale_matching_cosine(scorer: Scorer, queries: torch.Tensor, docs: torch.Tensor,

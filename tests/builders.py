@@ -104,3 +104,25 @@ def max_difference(a: dict, b: dict) -> float:
     """The largest absolute difference between two state dicts with the same keys."""
     assert a.keys() == b.keys()
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def tiny_run(out: Path, synth: Path, name: str, *extra: str, train: int = 128, epochs: int = 2) -> list[str]:
+    """Overrides of a main job small enough for a test: `train` synthetic scenes (32 validation), batch
+    32, no loader workers, a log line per step; `extra` overrides come last."""
+    return [f"output_dir={out}", f"name={name}", "model.name=tiny-resnet", f"data.synthetic.root={synth}",
+            f"data.synthetic.num_train={train}", "data.synthetic.num_val=32", "data.workers=0",
+            "train.batch_size=32", "train.log_every=1", "train.warmup_steps=1", f"train.epochs={epochs}", *extra]
+
+
+def copy_run_at(src: Path, dst: Path, step: str) -> Path:
+    """A copy of run folder `src` as it was when checkpoint `step` was its latest (later ones and the
+    results removed): resuming it must end where `src` ended."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "results.json").unlink()
+    for folder in (dst / "checkpoints").glob("step_*"):
+        if folder.name != step:
+            shutil.rmtree(folder)
+    (dst / "checkpoints" / "latest").write_text(step + "\n")
+    return dst

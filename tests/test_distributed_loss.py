@@ -58,15 +58,20 @@ def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def join_group(rank: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     assert dist.get_world_size() == WORLD
+
+
+def rank_results(rank: int, cases: list[dict], towers: type) -> list[dict]:
+    """Per case: this rank's loss on its half of the global batch, the loss averaged over ranks, and the
+    parameter gradients averaged over ranks (as DDP does)."""
     x_img, x_txt = _global_inputs()
     local = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
     results = []
-    for case in CASES:
-        model = Towers(case)
+    for case in cases:
+        model = towers(case)
         out = model(x_img[local], x_txt[local])
         out["loss"].backward()
         grads = _grads(model)
@@ -77,6 +82,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         mean_loss = loss.clone()
         dist.all_reduce(mean_loss)
         results.append(dict(loss=loss, mean_loss=mean_loss / WORLD, grads=grads))
+    return results
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    join_group(rank, port)
+    x_img, x_txt = _global_inputs()
+    local = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    results = rank_results(rank, CASES, Towers)
     results.append(_open_clip_parity(rank, x_img[local], x_txt[local]))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -108,17 +121,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def two_rank_results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("dist")
-    mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=True, start_method="spawn")
+def spawn_ranks(worker, out_dir) -> list:
+    """Run `worker(rank, port, out_dir)` on WORLD gloo processes; each rank's saved results."""
+    mp.start_processes(worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=True, start_method="spawn")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[str(c) for c in CASES])
-def test_two_ranks_equal_one_process_on_the_global_batch(two_rank_results, index):
-    case = CASES[index]
-    model = Towers(case)
+def assert_ranks_equal_one_process(two_rank_results: list, index: int, case: dict, towers: type) -> dict:
+    """Case `index`: every rank's averaged loss and gradients equal one process on the global batch."""
+    model = towers(case)
     out = model(*_global_inputs())
     out["loss"].backward()
     expected = _grads(model)
@@ -130,6 +141,17 @@ def test_two_ranks_equal_one_process_on_the_global_batch(two_rank_results, index
         assert got["grads"].keys() == expected.keys(), rank
         for name, g in expected.items():
             torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+    return expected
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    return spawn_ranks(_worker, tmp_path_factory.mktemp("dist"))
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[str(c) for c in CASES])
+def test_two_ranks_equal_one_process_on_the_global_batch(two_rank_results, index):
+    assert_ranks_equal_one_process(two_rank_results, index, CASES[index], Towers)
 
 
 def test_two_ranks_match_open_clip_clip_loss(two_rank_results):

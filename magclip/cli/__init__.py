@@ -42,7 +42,7 @@ def check_inputs(cfg: Any) -> None:
             if urls is not None:
                 check_sources_exist(urls, key)
         pretrained = cfg.model.pretrained
-        if pretrained and looks_like_path(pretrained) and not Path(pretrained).is_file():
+        if pretrained and looks_like_path(pretrained) and not Path(pretrained).expanduser().exists():
             raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")
         return
     paths = {"data.beir": cfg.data.beir, **{f"eval.{kind}.{k}": v for kind in ("beir", "sts", "rag")

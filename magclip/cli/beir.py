@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
                              "query (same text; default), drop = all (BEIR's ignore_identical_ids), keep = none")
     parser.add_argument("--keep-identical-ids", dest="identical_ids", action="store_const", const="keep",
                         help="the same as --identical-ids keep")
+    parser.add_argument("--export-index", metavar="DIR",
+                        help="write a serving index per folder and mode (DIR/<folder>/<mode>): prepared document "
+                             "vectors, ids, the scorer, and faiss IndexFlatIP with the [faiss] extra")
     parser.add_argument("--length-bins", type=int, default=0,
                         help="length diagnostics per mode with this many length bins (norm-length Spearman, "
                              "within-bin Cohen's d, nDCG@10 by document length; see magclip.diagnostics.length)")
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     results = evaluate_beir_folders(model, args.data, scorers, split=args.split, batch_size=args.batch_size,
                                     device=device_of(args), backend=args.backend, max_queries=args.max_queries,
                                     max_docs=args.max_docs, identical_ids=args.identical_ids,
-                                    length_bins=args.length_bins, progress=args.progress)
+                                    length_bins=args.length_bins, progress=args.progress,
+                                    export_index_to=args.export_index)
     for entry in results.values():
         entry["model"] = args.model
         entry["settings"] = asdict(model.settings)

@@ -7,6 +7,7 @@ imports torch and the model code only after that (`load_model_and_scorers`).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from magclip.cli import check_scorer_flags
 from magclip.modes import MODES
 
 if TYPE_CHECKING:
+    import torch
+
     from magclip.models.text import BiEncoder
     from magclip.similarity import Scorer
 
@@ -29,6 +32,9 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+                        help="encoding precision (auto: bf16 where the device computes it natively; scores stay "
+                             "float32); default: %(default)s")
     parser.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling")
     parser.add_argument("--query-prefix", default=None)
     parser.add_argument("--passage-prefix", default=None)
@@ -54,7 +60,19 @@ def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":
     model = BiEncoder.from_pretrained(args.model, pooling=args.pooling, query_prefix=args.query_prefix,
                                       passage_prefix=args.passage_prefix, query_max_length=args.query_max_length,
                                       passage_max_length=args.passage_max_length)
+    model.encode_dtype = encoding_dtype(args)
     return model, text_scorers(model, args.mode, args.gamma_q, args.gamma_d)
+
+
+def encoding_dtype(args) -> "torch.dtype | None":
+    """bf16 for `--precision bf16` (or `auto` on a device with native bf16), None for fp32; logged."""
+    import torch
+
+    from magclip.training.levers import resolve_precision
+
+    precision, why = resolve_precision(args.precision, torch.device(device_of(args)))
+    logging.getLogger("magclip.cli").info("encoding precision: %s (%s)", precision, why)
+    return torch.bfloat16 if precision == "bf16" else None
 
 
 def device_of(args) -> str:

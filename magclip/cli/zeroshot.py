@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, help="results JSON (written atomically)")
     out.add_argument("--save-embeddings", metavar="DIR", help="write raw features and keys here")
+    out.add_argument("--export-index", metavar="DIR",
+                     help="write a serving index per set and direction: prepared document vectors, ids, the scorer "
+                          "(and faiss IndexFlatIP with the [faiss] extra); plain open_clip's normalised features "
+                          "would score every model as cosine")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     return p
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = evaluate_zeroshot(model, data, tasks=tasks, classes=classes if "classification" in tasks else None,
                                 templates=templates, label_field=label_field, exclude_groups=exclude,
                                 set_info=set_info, batch_size=args.batch_size, device=args.device,
-                                save_embeddings=args.save_embeddings)
+                                save_embeddings=args.save_embeddings, export_index=args.export_index)
     atomic_write_json(args.out, results)
     print(format_zeroshot_table(results))
     print(f"results: {args.out}" + (f"   embeddings: {args.save_embeddings}" if args.save_embeddings else ""))

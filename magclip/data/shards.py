@@ -121,21 +121,35 @@ def _count_tar(path: Path) -> int:
 
 def shard_sizes(urls: list[str]) -> list[int | None]:
     """Samples per shard from a `sizes.json` beside the shards (open_clip's convention), else by
-    reading the tar; None for a remote shard without a local sizes.json."""
+    reading the tar; for a `pipe:` URL whose command names a local shard path with a sizes.json
+    beside it (`pipe:cat /data/shard-000003.tar`), that table; None for any other remote shard."""
     tables: dict[Path, dict[str, int]] = {}
-    out: list[int | None] = []
-    for url in urls:
-        path = local_path(url)
-        if path is None:
-            out.append(None)
-            continue
-        folder = path.parent
+
+    def table(folder: Path) -> dict[str, int]:
         if folder not in tables:
             sizes = folder / "sizes.json"
             tables[folder] = json.loads(sizes.read_text()) if sizes.is_file() else {}
-        n = tables[folder].get(path.name)
-        out.append(int(n) if n is not None else _count_tar(path))
+        return tables[folder]
+
+    out: list[int | None] = []
+    for url in urls:
+        path = local_path(url)
+        if path is not None:
+            n = table(path.parent).get(path.name)
+            out.append(int(n) if n is not None else _count_tar(path))
+            continue
+        named = _pipe_shard(url)
+        n = table(named.parent).get(named.name) if named is not None else None
+        out.append(int(n) if n is not None else None)
     return out
+
+
+def _pipe_shard(url: str) -> Path | None:
+    """The local shard a `pipe:` command reads, when its last `.tar` argument is a path (else None)."""
+    if not url.startswith("pipe:"):
+        return None
+    tars = [t.strip("'\"") for t in url[len("pipe:"):].split() if t.strip("'\"").endswith(".tar")]
+    return Path(tars[-1]) if tars else None
 
 
 def count_samples(urls: str | list[str]) -> int:
@@ -144,7 +158,9 @@ def count_samples(urls: str | list[str]) -> int:
     sizes = shard_sizes(flat)
     missing = [u for u, n in zip(flat, sizes) if n is None]
     if missing:
-        raise ValueError(f"cannot count samples of remote shards without a sizes.json: {missing[:3]}")
+        raise ValueError(f"cannot count the samples of remote shards {missing[:3]}: no sizes.json beside them "
+                         "names them; set data.num_samples (samples per epoch, all ranks together) or put a "
+                         "sizes.json ({shard name: samples}) beside the shards")
     return sum(n for n in sizes if n is not None)
 
 

@@ -44,7 +44,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"checkpoint not found: {p}")
-    if p.is_file():
+    if p.is_file() and p.name == "latest":  # the pointer itself: its folder follows it below
+        p = p.parent
+    elif p.is_file():
         return p.parent
     if weights_file(p):
         return p
@@ -62,6 +64,23 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(
         f"no checkpoint in {p}: expected a step folder with {WEIGHTS_FILE}, a run folder with "
         "checkpoints/latest, or a weights file")
+
+
+def pretrained_weights(value: str | None) -> str | None:
+    """`model.pretrained` as open_clip takes it: a local checkpoint in any form a user has at hand -- a
+    step folder, `checkpoints/latest`, a checkpoints or run folder (their latest step), a weights file
+    (safetensors, a bare state_dict, open_clip_train's {'state_dict': {'module.…'}}) -- becomes its
+    weights file; an open_clip pretrained tag or hub name passes through."""
+    if value is None or not looks_like_path(value):
+        return value
+    p = Path(value).expanduser()
+    if p.is_file() and p.name != "latest":
+        return str(p)
+    step = resolve_checkpoint(p)
+    weights = weights_file(step)
+    if weights is None:
+        raise FileNotFoundError(f"model.pretrained: {step} holds no {WEIGHTS_FILE}")
+    return str(weights)
 
 
 def read_checkpoint_meta(step_dir: Path) -> dict[str, Any]:
@@ -112,7 +131,9 @@ def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float
     if weights is None:
         raise FileNotFoundError(f"checkpoint weights not found: {step_dir / WEIGHTS_FILE}")
     try:
-        bundle = create_clip(meta["model"], str(weights), device=device)
+        # a sigmoid-loss checkpoint holds open_clip's logit_bias too (it does not change a ranking)
+        bias = {"init_logit_bias": meta["logit_bias"]} if meta.get("logit_bias") is not None else {}
+        bundle = create_clip(meta["model"], str(weights), device=device, **bias)
     except (UnsafeFileError, DamagedFileError):
         raise
     except ValueError as exn:
@@ -122,6 +143,7 @@ def load_checkpoint(path: str | Path, *, mode: str | None = None, gamma_q: float
     bundle.model.eval()
     return EvalModel(bundle.model, bundle.preprocess_val, bundle.tokenizer, bundle.model_name, scorers,
                      {"checkpoint": str(step_dir), "pretrained": str(weights), "logit_scale": meta.get("logit_scale"),
+                      "logit_bias": meta.get("logit_bias"), "loss_type": meta.get("loss_type", "clip"),
                       "scorers_from": "--mode" if mode is not None else str(meta_path)})
 
 

@@ -14,6 +14,7 @@ from magclip.data.beir import BeirData, load_beir
 from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import length_report
 from magclip.evaluation import modes_entry
+from magclip.evaluation.index import export_index
 from magclip.metrics.ir import DEFAULT_METRICS, Qrels, Retrieval, backend_name, evaluate_run, parse_metric, search_run
 from magclip.metrics.sts import sts_from_embeddings
 from magclip.models.text import BiEncoder
@@ -92,13 +93,15 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
                        batch_size: int = 64, device=None, backend: str = "auto",
                        metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
                        length_bins: int = 0, lengths: tuple[list[int], list[int]] | None = None,
-                       progress: bool = False) -> dict[str, Any]:
+                       progress: bool = False, export_to: str | Path | None = None) -> dict[str, Any]:
     """Metrics of the first scorer (+ "modes": {mode: metrics} when several); documents encoded once.
 
     `identical_ids`: which same-id documents leave the rankings (magclip.data.beir.identical_id_exclusions;
     "self": only a document that is the query); every entry records the rule, how many queries share an
     id with a document (`identical_id_queries`), how many were left out (`excluded_identical`) and how many
     of those the top k held (`removed_identical`).
+    `export_to`: a serving index of the prepared documents per scorer (`export_to/<scorer label>`,
+    magclip.evaluation.index), recorded as the entry's "index".
     With `length_bins` > 0 each mode's entry also holds "length": the `length_report` of its ranking
     (norm-length correlation, within-bin Cohen's d, nDCG@10 by document-length bin); `lengths` =
     (query, document) token counts when already known.
@@ -117,6 +120,9 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
                          exclude=exclude, backend=backend)
         m = retrieval_entry(found, data.qrels, scorer, metrics, backend)
         m.update(identical)
+        if export_to is not None:
+            m["index"] = str(export_index(Path(export_to) / scorer.label, found.doc_vecs, found.doc_ids, scorer,
+                                          queries="query", documents="passage"))
         if length_bins:
             m["length"], _ = length_report(found, data.qrels, lengths[0], lengths[1], scorer, n_bins=length_bins,
                                            max_length=model.settings.passage_max_length)
@@ -128,7 +134,8 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
                           *, split: str = "test", batch_size: int = 64, device=None, backend: str = "auto",
                           max_queries: int | None = None, max_docs: int | None = None,
                           metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
-                          length_bins: int = 0, progress: bool = False) -> dict[str, dict[str, Any]]:
+                          length_bins: int = 0, progress: bool = False,
+                          export_index_to: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """{folder name: `evaluate_beir_data` of its split, + split, subset, wall_s and counted input warnings}."""
     results: dict[str, dict[str, Any]] = {}
     for folder in folders:
@@ -138,7 +145,8 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
         t0 = time.perf_counter()
         entry = evaluate_beir_data(model, data, scorers, batch_size=batch_size, device=device, backend=backend,
                                    metrics=metrics, identical_ids=identical_ids,
-                                   length_bins=length_bins, progress=progress)
+                                   length_bins=length_bins, progress=progress,
+                                   export_to=Path(export_index_to) / data.name if export_index_to else None)
         for m in [entry, *(entry.get("modes") or {}).values()]:
             m.update({"split": split, "subset": bool(max_queries or max_docs)})
         entry["wall_s"] = round(time.perf_counter() - t0, 2)

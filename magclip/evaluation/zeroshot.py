@@ -71,6 +71,7 @@ from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import encode_loader, retrieval_from_features
+from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
 from magclip.metrics.classification import classification_metrics
 from magclip.modes import ScorerSpec
@@ -256,12 +257,15 @@ def evaluate_zeroshot(
     batch_size: int = 256,
     device: str | torch.device = "cpu",
     save_embeddings: str | Path | None = None,
+    export_index: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` on named shard sets; returns the results (writes only embeddings, if asked).
 
     Everything is computed before anything is written; embeddings go to a temporary folder that is
     moved into place whole (one set: `save_embeddings/`; several: `save_embeddings/<set>/`; class
-    texts of classification: `save_embeddings/classes/`).
+    texts of classification: `save_embeddings/classes/`). `export_index`: per set with captions, an index of
+    prepared documents per direction (`export_index/<set>/i2t`: the captions, searched by prepared images;
+    `.../t2i`: the images, searched by prepared captions; magclip.evaluation.index).
     """
     tasks = tuple(tasks)
     bad = set(tasks) - set(TASKS)
@@ -315,6 +319,7 @@ def evaluate_zeroshot(
         "scorers": {d: s.to_dict() for d, s in model.scorers.items()},
         "scorers_from": model.source.get("scorers_from"),
         "logit_scale": model.source.get("logit_scale"),  # recorded only; rankings do not depend on it
+        "logit_bias": model.source.get("logit_bias"),  # the sigmoid loss's: a constant shift, no ranking change
         "tasks": list(tasks),
         "retrieval_matching": "caption identity" if "retrieval" in tasks else None,
         "classification": None if not do_cls else {
@@ -330,7 +335,23 @@ def evaluate_zeroshot(
     if save_embeddings is not None:
         _save_embeddings(Path(save_embeddings), encoded, classes if do_cls else None, class_feats, templates)
         results["embeddings"] = str(save_embeddings)
+    if export_index is not None:
+        results["index"] = _export_indexes(Path(export_index), encoded, model.scorers)
     return results
+
+
+def _export_indexes(root: Path, encoded: Mapping[str, EncodedSet], scorers: Mapping[str, Scorer]) -> dict[str, str]:
+    """{set/direction: folder} of the exported retrieval indexes (sets without captions have none)."""
+    out = {}
+    for name, enc in encoded.items():
+        if enc.text_features is None:
+            continue
+        for direction, docs, sides in (("i2t", enc.text_features, ("image", "text")),
+                                       ("t2i", enc.image_features, ("text", "image"))):
+            folder = export_index(root / name / direction, docs, enc.keys, scorers[direction], queries=sides[0],
+                                  documents=sides[1])
+            out[f"{name}/{direction}"] = str(folder)
+    return out
 
 
 def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: ClassSet | None,

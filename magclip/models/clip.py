@@ -230,6 +230,42 @@ def _resolve_model_name(model: str) -> str:
 # ----------------------------------------------------------------------------- factory
 
 
+class HubUnavailableError(ValueError):
+    """A hub model or pretrained tag that is neither in the local cache nor downloadable here."""
+
+
+def _is_hub_failure(exn: BaseException) -> bool:
+    """Whether `exn` (or what caused it) says the hub could not be reached or the file is not cached."""
+    names = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectTimeout", "ReadTimeout",
+             "URLError", "HfHubHTTPError", "NameResolutionError", "MaxRetryError", "ConnectError", "TimeoutException"}
+    seen = 0
+    while exn is not None and seen < 8:
+        if type(exn).__name__ in names or isinstance(exn, (ConnectionError, TimeoutError)):
+            return True
+        exn, seen = exn.__cause__ or exn.__context__, seen + 1
+    return False
+
+
+@contextlib.contextmanager
+def _hub_failures_named(name: str, pretrained: str | None):
+    """A hub name (`hf-hub:...`) or pretrained tag that cannot be fetched: one line naming it, the cache
+    folder looked in and how to work offline, instead of the HTTP stack's traceback."""
+    try:
+        yield
+    except Exception as exn:
+        if not _is_hub_failure(exn):
+            raise
+        from huggingface_hub import constants
+
+        what = f"model {name!r}" + (f" with pretrained {pretrained!r}" if pretrained else "")
+        raise HubUnavailableError(
+            f"{what} is not in the local hub cache ({constants.HF_HUB_CACHE}) and the hub cannot be reached "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', 'unset')}, HF_HOME="
+            f"{os.environ.get('HF_HOME', 'unset')}): fetch it where the hub is reachable and copy that cache, "
+            "or pass local weights: model.pretrained=/path/to/open_clip_model.safetensors (or a magclip step "
+            f"folder); {type(exn).__name__}: {str(exn).splitlines()[0][:200] if str(exn) else ''}") from None
+
+
 def create_clip(
     model: str,
     pretrained: str | None = None,
@@ -251,7 +287,7 @@ def create_clip(
     """
     name = _resolve_model_name(model)
     try:
-        with _from_scratch_said_once(name, pretrained):
+        with _from_scratch_said_once(name, pretrained), _hub_failures_named(name, pretrained):
             clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
                 name, pretrained=pretrained, device=device, **model_kwargs
             )
@@ -273,7 +309,8 @@ def create_clip(
         clip.lock_text_tower()
     if grad_checkpointing:
         clip.set_grad_checkpointing(True)
-    tokenizer = open_clip.get_tokenizer(name)
+    with _hub_failures_named(name, None):
+        tokenizer = open_clip.get_tokenizer(name)
     normalize = next((t for t in getattr(preprocess_val, "transforms", []) if isinstance(t, transforms.Normalize)), None)
     raw = RawCLIP(clip, *((normalize.mean, normalize.std) if normalize is not None else ()))
     return ClipBundle(raw.to(device), preprocess_train, preprocess_val, tokenizer, name)
@@ -336,12 +373,14 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def save_open_clip_folder(model: nn.Module, folder: str | Path, model_name: str,
-                          logit_scale: float | None = None) -> Path:
+                          logit_scale: float | None = None, logit_bias: float | None = None) -> Path:
     """Weights + open_clip_config.json in `folder`: a folder that plain open_clip loads by path,
     `open_clip.create_model_and_transforms("local-dir:" + folder)`, with no registration and no magclip.
 
     The config is the registered one with ``pkg:`` placeholders resolved (paths of this machine's
-    installed packages, as open_clip's own HF text towers need). Returns the weights file.
+    installed packages, as open_clip's own HF text towers need). A sigmoid-loss model's `logit_bias` is
+    written into the weights and its config (`init_logit_bias`), so open_clip builds and loads the bias.
+    Returns the weights file.
     """
     from open_clip.push_to_hf_hub import save_config_for_hf  # open_clip's writer of the hub layout
 
@@ -349,8 +388,10 @@ def save_open_clip_folder(model: nn.Module, folder: str | Path, model_name: str,
     config = open_clip.get_model_config(model_name)
     if config is None:
         raise ValueError(f"no open_clip config registered for {model_name!r}")
+    if logit_bias is not None:
+        config = {**config, "init_logit_bias": logit_bias}
     weights = folder / WEIGHTS_FILE
-    save_checkpoint_for_open_clip(model, weights, logit_scale)
+    save_checkpoint_for_open_clip(model, weights, logit_scale, logit_bias)
     save_config_for_hf(_unwrap(model), folder / OPEN_CLIP_CONFIG, config)
     return weights
 
@@ -364,7 +405,7 @@ def weights_file(folder: str | Path) -> Path | None:
 
 
 def save_checkpoint_for_open_clip(
-    model: nn.Module, path: str | Path, logit_scale: float | None = None
+    model: nn.Module, path: str | Path, logit_scale: float | None = None, logit_bias: float | None = None
 ) -> None:
     """Write the open_clip model's state dict so that
     `open_clip.create_model_and_transforms(name, pretrained=path)` loads it.
@@ -380,6 +421,9 @@ def save_checkpoint_for_open_clip(
             raise ValueError(f"logit_scale must be > 0, got {logit_scale}")
         old = state["logit_scale"]
         state["logit_scale"] = torch.full_like(old, math.log(logit_scale))
+    if logit_bias is not None:
+        old = state.get("logit_bias", state["logit_scale"])
+        state["logit_bias"] = torch.full_like(old, float(logit_bias))
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import save  # bytes written by us: a full disk is an OSError naming the file

@@ -36,6 +36,7 @@ import importlib.util
 import json
 import logging
 import pickle
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -143,6 +144,7 @@ class BiEncoder(nn.Module):
         if not settings.shared and passage_model is None:
             passage_model = copy.deepcopy(query_model)
         self.query_model = query_model
+        self.encode_dtype: torch.dtype | None = None  # `encode`'s autocast dtype (bf16 encoding: --precision)
         self.passage_model = passage_model  # None when shared
         for tower in (query_model, passage_model):
             # BERT-style poolers run in forward but never reach the loss: frozen, they cannot leave
@@ -271,8 +273,11 @@ class BiEncoder(nn.Module):
     @torch.no_grad()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, device: str | torch.device | None = None,
                progress: bool = False, autocast_dtype: torch.dtype | None = None) -> Tensor:
-        """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length."""
+        """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length. The forward
+        runs under autocast to `autocast_dtype` (else `self.encode_dtype`) when one is given, else in the
+        caller's precision (a training run's evaluation runs under the run's autocast)."""
         side = _side(side)
+        autocast_dtype = autocast_dtype or self.encode_dtype
         if device is not None:
             self.to(device)
         was_training = self.training
@@ -291,7 +296,8 @@ class BiEncoder(nn.Module):
             idx = order[start:start + batch_size]
             feats = [{k: encoded[k][i] for k in encoded} for i in idx]
             batch = tokenizer.pad(feats, return_tensors="pt")
-            with torch.autocast(device_type=dev.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            with (torch.autocast(device_type=dev.type, dtype=autocast_dtype) if autocast_dtype is not None
+                  else nullcontext()):
                 emb = self.encode_tokens(batch, side)
             out[torch.tensor(idx)] = emb.float().cpu()
         self.train(was_training)

@@ -17,12 +17,20 @@ import torch
 from magclip.config import LossConfig, RunConfig, to_dict
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
+from magclip.evaluation.checkpoint import pretrained_weights
 from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
-from magclip.losses import CLIPLoss
+from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
-from magclip.temperature import LogitScale, match_cosine_temperature
+from magclip.temperature import (
+    CLIP_INIT_SCALE,
+    SIGLIP_INIT_SCALE,
+    LogitBias,
+    LogitScale,
+    match_cosine_temperature,
+    siglip_defaults,
+)
 from magclip.training.engine import Engine, TrainModule, make_accelerator
 from magclip.training.run import (
     latest_checkpoint,
@@ -37,17 +45,25 @@ log = logging.getLogger("magclip.clip")
 
 
 class CLIPTrainModule(TrainModule):
-    """open_clip model + logit scale + CLIPLoss; forward encodes, `compute_loss` scores."""
+    """open_clip model + logit scale (+ the sigmoid loss's bias) + CLIPLoss or SigLIPLoss; forward
+    encodes, `compute_loss` scores."""
 
     feature_names = ("image", "text")
 
-    def __init__(self, clip: RawCLIP, loss: CLIPLoss, logit_scale: LogitScale):
-        super().__init__(loss, logit_scale)
+    def __init__(self, clip: RawCLIP, loss: CLIPLoss | SigLIPLoss, logit_scale: LogitScale,
+                 logit_bias: LogitBias | None = None):
+        super().__init__(loss, logit_scale, logit_bias)
         self.clip = clip
+
+    def towers(self) -> RawCLIP:
+        return self.clip
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.logit_scale.log_scale.device
-        return self.clip(batch["images"].to(device, non_blocking=True), batch["texts"].to(device, non_blocking=True))
+        images = batch["images"].to(device, non_blocking=True)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.clip(images, batch["texts"].to(device, non_blocking=True))
 
     def log_state(self) -> dict[str, float]:
         state = super().log_state()
@@ -57,9 +73,13 @@ class CLIPTrainModule(TrainModule):
         return state
 
 
-def build_loss(cfg: LossConfig) -> CLIPLoss:
+def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
     """Scorers per direction from the config (`resolve_specs`' training rule: one exponent pair for the
-    free modes); learnable directions may share one exponent pair."""
+    free modes); learnable directions may share one exponent pair. `loss.type=siglip`: the sigmoid loss
+    with its one Scorer (the image as query)."""
+    if cfg.type == "siglip":
+        spec = resolve_specs([cfg.mode], cfg.gamma_q, cfg.gamma_d, where="loss")[0]
+        return SigLIPLoss(Scorer.from_spec(spec), local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad)
     directions = {d: m for d, m in (("i2t", cfg.i2t), ("t2i", cfg.t2i)) if m is not None}
     specs = dict(zip(directions, resolve_specs(list(directions.values()), cfg.gamma_q, cfg.gamma_d, where="loss")))
     shared = next((Scorer.from_spec(s) for s in specs.values() if s.mode == "learnable"), None) \
@@ -77,8 +97,19 @@ def build_loss(cfg: LossConfig) -> CLIPLoss:
 
 def build_logit_scale(cfg: LossConfig) -> LogitScale:
     """The trained modes' defaults (magclip.temperature), each overridable by the config."""
+    if cfg.type == "siglip":
+        return LogitScale.for_mode(cfg.mode, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max,
+                                   cosine_scale=SIGLIP_INIT_SCALE)
     modes = [m for m in (cfg.i2t, cfg.t2i) if m is not None]
     return LogitScale.for_mode(modes, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max)
+
+
+def build_logit_bias(cfg: LossConfig) -> LogitBias | None:
+    """The sigmoid loss's bias (magclip.temperature.siglip_defaults); the CLIP loss has none."""
+    if cfg.type != "siglip":
+        return None
+    return LogitBias(siglip_defaults(cfg.mode)[1] if cfg.logit_bias_init is None else cfg.logit_bias_init,
+                     cfg.logit_bias_learnable)
 
 
 def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
@@ -100,10 +131,17 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.train.seed)
     with accelerator.main_process_first():
         train_urls, val_urls = resolve_data(cfg)
-    bundle = create_clip(cfg.model.name, cfg.model.pretrained, lock_text=cfg.model.lock_text,
+    logit_bias = build_logit_bias(cfg.loss)
+    # a sigmoid-loss model carries open_clip's own logit_bias (frozen, like its logit_scale; the trained
+    # one is `logit_bias` below, written into it at every checkpoint), so plain open_clip loads the bias
+    bundle = create_clip(cfg.model.name, pretrained_weights(cfg.model.pretrained), lock_text=cfg.model.lock_text,
                          lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
-                         device=accelerator.device)
-    module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss)).to(accelerator.device)
+                         device=accelerator.device,
+                         **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
+    module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss),
+                             logit_bias).to(accelerator.device)
+    if cfg.model.pretrained and cfg.train.resume is None:
+        keep_pretrained_temperature(module, cfg)
     num_samples = cfg.data.num_samples or count_samples(train_urls)
 
     # images cross the worker boundary (and are pinned, and copied to the device) as uint8; RawCLIP normalises
@@ -118,7 +156,8 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
     if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
-        _match_cosine_temperature(module, make_loader(0))
+        _match_cosine_temperature(module, make_loader(0), SIGLIP_INIT_SCALE if cfg.loss.type == "siglip"
+                                  else CLIP_INIT_SCALE)
 
     def eval_loader(urls: str):
         return build_clip_loader(urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
@@ -135,10 +174,11 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
             if val_loader else {}
 
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
-        save_open_clip_folder(m.clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value)
+        bias = m.logit_bias.value if m.logit_bias is not None else None
+        save_open_clip_folder(m.clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
         atomic_write_json(step_dir / CHECKPOINT_META, {
-            "model": cfg.model.name, "scorers": m.loss.scorer_state(), "logit_scale": m.logit_scale.value,
-            "config": to_dict(cfg)})
+            "model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
+            "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)})
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
@@ -161,19 +201,38 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(engine)),
         "train_data": train_urls, "val_data": val_urls, "matching": "caption identity",
-        "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
+        "loss_type": cfg.loss.type, "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
+        "logit_bias": final.logit_bias.value if final.logit_bias is not None else None,
         **loop_record(engine, state, skipped, t0), "metrics": metrics, "eval_sets": eval_sets,
     }
     return write_results(results, run_dir, accelerator)
 
 
+def keep_pretrained_temperature(module: CLIPTrainModule, cfg: RunConfig) -> None:
+    """Fine-tuning starts where the checkpoint's training ended, as open_clip_train does: the logit scale
+    (and a sigmoid-loss bias) loaded into the open_clip model become the run's starting point, unless
+    the config sets them (loss.logit_scale_init, loss.logit_scale_from_norms, loss.logit_bias_init)."""
+    clip = module.clip.clip
+    taken = []
+    if cfg.loss.logit_scale_init is None and not cfg.loss.logit_scale_from_norms:
+        scale = float(clip.logit_scale.detach().exp())
+        max_scale = module.logit_scale.max_scale
+        module.logit_scale.set_(min(scale, max_scale) if max_scale is not None else scale)
+        taken.append(f"logit scale {module.logit_scale.value:.4g}")
+    if module.logit_bias is not None and cfg.loss.logit_bias_init is None and getattr(clip, "logit_bias", None) is not None:
+        module.logit_bias.set_(float(clip.logit_bias.detach()))
+        taken.append(f"logit bias {module.logit_bias.value:.4g}")
+    log.info("model.pretrained %s: %s taken from it%s", cfg.model.pretrained, " and ".join(taken) or "weights only",
+             "" if taken else " (the config sets the temperature)")
+
+
 @torch.no_grad()
-def _match_cosine_temperature(module: CLIPTrainModule, loader) -> None:
+def _match_cosine_temperature(module: CLIPTrainModule, loader, cosine_scale: float) -> None:
     """The first direction starts at cosine's effective temperature on one batch."""
     img, txt = module(next(iter(loader)))
     direction, scorer = next(iter(module.loss.scorers.items()))
     q, d = (img, txt) if direction == "i2t" else (txt, img)
-    match_cosine_temperature(module.logit_scale, scorer, q, d)
+    match_cosine_temperature(module.logit_scale, scorer, q, d, cosine_scale)
 
 
 def format_results_table(results: dict[str, Any]) -> str:
@@ -186,5 +245,8 @@ def format_results_table(results: dict[str, Any]) -> str:
                 rows.append(f"| {data} | {label} | {100 * m[f'{name}_R@1']:.2f} | {100 * m[f'{name}_R@5']:.2f} | "
                             f"{100 * m[f'{name}_R@10']:.2f} | {m[f'{name}_median_rank']:.0f} | "
                             f"{100 * m['chance_R@1']:.2f} | {m['num_samples']} |")
+    if len(rows) == 2:  # no evaluation set
+        return ("No retrieval evaluation: the run has no validation shards (data.val) or evaluation sets "
+                "(data.eval_sets).")
     rows.append("\nRecall in %; a hit is any item carrying the matching caption (identical captions count as one).")
     return "\n".join(rows)

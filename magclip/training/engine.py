@@ -5,14 +5,17 @@ the contrastive loss on features of the whole accumulated batch, `project_` = cl
 parameters after a step) and a loader factory. The engine owns what every contrastive run needs:
 
 - AdamW over the module's own groups (`TrainModule.param_groups`: no weight decay on 1-D parameters,
-  the logit scale and the norm exponents);
+  the logit scale and the norm exponents), with the speed levers of magclip/training/levers.py
+  (fused kernel, channels_last, precision, compile), each logged once;
 - cosine schedule with linear warmup;
 - precision fp32/bf16/fp16 through accelerate;
 - gradient accumulation with open_clip's feature cache: features of all micro-batches are first
   computed without gradient, then each micro-batch is re-encoded with gradient and the loss is
   taken over the whole accumulated batch, so negatives span it (naive accumulation would not);
 - gradient clipping; non-finite steps skipped and counted, the run stopped with the step number
-  after `max_nonfinite_steps` in a row;
+  after `max_nonfinite_steps` in a row. With the fused optimizer the skip happens on the device (its
+  `found_inf`; BatchNorm buffers put back with a `where`), and the outcome of each step is read on
+  the host only where it is needed (log steps, checkpoints, the end): no host sync per step;
 - checkpoints (latest + every N) with optimizer, scheduler, RNG, data position and the recent-loss
   window, so `resume=latest` continues exactly; the files are `Checkpointer`'s (training/checkpoints.py);
 - log records (metrics.jsonl + tensorboard, `MetricsLog` in training/metrics_log.py) and tqdm on the
@@ -44,6 +47,7 @@ from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
 from magclip.distributed import naming_lost_ranks
+from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.checkpoints import (
     CheckpointWriteError,
     Checkpointer,
@@ -70,13 +74,21 @@ class TrainModule(nn.Module):
     micro-batch's loss (see `Engine._accumulated_backward`)."""
 
     feature_names: tuple[str, ...] = ()
+    channels_last = False  # set by the engine: images go in channels_last memory (`train.channels_last`)
 
-    def __init__(self, loss: nn.Module, logit_scale: nn.Module):
+    def __init__(self, loss: nn.Module, logit_scale: nn.Module, logit_bias: nn.Module | None = None):
         super().__init__()
         self.loss = loss
         self.logit_scale = logit_scale
+        self.logit_bias = logit_bias  # the sigmoid loss's; None for the softmax losses
+
+    def towers(self) -> nn.Module:
+        """The encoders: what the speed levers (channels_last, compile) apply to."""
+        raise NotImplementedError
 
     def compute_loss(self, *features: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.logit_bias is not None:
+            return self.loss(*features, self.logit_scale(), self.logit_bias())
         return self.loss(*features, self.logit_scale())
 
     def project_(self) -> None:
@@ -86,10 +98,14 @@ class TrainModule(nn.Module):
 
     def loss_parameters(self) -> list[nn.Parameter]:
         """Parameters used by `compute_loss` directly rather than through the features."""
-        return [*self.logit_scale.parameters(), *self.loss.parameters()]
+        bias = [*self.logit_bias.parameters()] if self.logit_bias is not None else []
+        return [*self.logit_scale.parameters(), *bias, *self.loss.parameters()]
 
     def log_state(self) -> dict[str, float]:
-        return {"logit_scale": self.logit_scale.value}
+        state = {"logit_scale": self.logit_scale.value}
+        if self.logit_bias is not None:
+            state["logit_bias"] = self.logit_bias.value
+        return state
 
     def param_groups(self, weight_decay: float, loss_lr: float | None = None) -> list[dict]:
         """AdamW groups (the module knows its parameters, as nanoGPT's configure_optimizers): no decay on
@@ -118,6 +134,18 @@ class NonFiniteLossError(RuntimeError):
 
 
 @dataclass
+class StepOutcome:
+    """A step whose finiteness is still a device tensor (read on the host in `Engine._settle_steps`)."""
+
+    step: int
+    finite: torch.Tensor
+    keys: list[str]
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    batches: int
+
+
+@dataclass
 class LoopState:
     step: int = 0                    # optimizer steps done
     epoch: int = 0
@@ -143,8 +171,11 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
                          "On CPUs use `accelerate launch --multi_gpu ...` (it runs torchrun; gloo, see "
                          "configs/accelerate/multi_node_cpu.yaml) or torchrun")
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
-    return Accelerator(mixed_precision=MIXED_PRECISION[cfg.precision], project_dir=str(run_dir),
-                       cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
+    precision, why = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
+                              cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
+    accelerator.magclip_precision = (precision, why)  # logged with the other levers by the engine
+    return accelerator
 
 
 def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
@@ -176,13 +207,21 @@ class Engine:
             raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
         self.evaluate = evaluate
-        optimizer = torch.optim.AdamW(module.param_groups(cfg.weight_decay, cfg.loss_lr), lr=cfg.lr,
-                                      betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        self.levers = self._apply_levers(module)
+        groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
+        impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, self.total_steps))
         # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would
         # step it once per process, assuming a dataloader it sharded itself
         self.model, self.optimizer = accelerator.prepare(module, optimizer)
         self._unwrapped = accelerator.unwrap_model(self.model)  # once: unwrap_model probes the file system per call
+        # the fused kernel skips a non-finite step on the device (its found_inf), unless a loss scaler owns that
+        self._inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        self._skips_on_device = bool(impl.get("fused")) and accelerator.scaler is None
+        self._pending: list[StepOutcome] = []
+        if accelerator.is_main_process:
+            log.info("speed levers: %s", "; ".join(f"{k}: {v}" for k, v in self.levers.items()))
         self.state = LoopState()
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=RECENT_LOSS_STEPS)
         self.ckpt_dir = run_dir / "checkpoints"
@@ -193,6 +232,20 @@ class Engine:
     @property
     def unwrapped(self) -> nn.Module:
         return self._unwrapped
+
+    def _apply_levers(self, module: nn.Module) -> dict[str, str]:
+        """channels_last and compile on the module's towers (before the optimizer and DDP see them); what
+        each lever resolved to, for the log and results.json."""
+        cfg = self.cfg
+        precision, why = getattr(self.acc, "magclip_precision", (cfg.precision, "as configured"))
+        levers = {"precision": f"{precision} ({why})"}
+        towers = module.towers()
+        module.channels_last = use_channels_last(towers, cfg.channels_last)
+        levers["channels_last"] = ("on" if module.channels_last else
+                                   "off (no convolutions)" if cfg.channels_last else "off, as configured")
+        compiled = compile_module(towers, cfg.compile, cfg.compile_mode)
+        levers["compile"] = f"on (mode {cfg.compile_mode})" if compiled else "off"
+        return levers
 
     # ---------------------------------------------------------------- loop
     def fit(self) -> LoopState:
@@ -211,6 +264,15 @@ class Engine:
         self.metrics.open()
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
                    desc="train", dynamic_ncols=True)
+        try:  # closed on any way out: a fatal error's one line must not land on the bar's line
+            self._loop(bar)
+        finally:
+            bar.close()
+        self.save_checkpoint()
+        return self.state
+
+    def _loop(self, bar: tqdm) -> None:
+        """Epochs of steps until the last step."""
         self._rate_mark = (time.perf_counter(), self.state.samples_seen)
         limit = self.steps_per_epoch * self.cfg.accum_freq
         if self.state.batches_in_epoch >= limit:  # resumed from a checkpoint taken at an epoch's last step
@@ -229,9 +291,6 @@ class Engine:
                 raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
             if self.state.step < self.total_steps or self.state.batches_in_epoch >= limit:
                 self._next_epoch()  # the epoch's data is used up (a resume then starts the next one)
-        bar.close()
-        self.save_checkpoint()
-        return self.state
 
     def _after_step(self, out: dict[str, torch.Tensor], bar: tqdm) -> None:
         """Count the step; log, validate and checkpoint on their schedules."""
@@ -239,6 +298,9 @@ class Engine:
         bar.update(1)
         self._recent_losses.append(out["loss"].detach())  # kept as tensors: no device sync per step
         step = self.state.step
+        checkpoint_due = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
+        if not self._skips_on_device or self._logs_at(step) or checkpoint_due or step >= self.total_steps:
+            self._settle_steps()
         if self._logs_at(step):
             now, samples = time.perf_counter(), self.state.samples_seen
             t_last, samples_last = self._rate_mark
@@ -310,18 +372,28 @@ class Engine:
         self._log_norms = ([f.detach().float().norm(dim=-1).mean() for f in features]
                            if logged and len(micro_batches) == 1 else None)
         grad_norm = self._clip_gradients()
-        if torch.isfinite(out["loss"]) and math.isfinite(grad_norm):
+        finite = torch.isfinite(out["loss"].detach()) & torch.isfinite(grad_norm)
+        if self._skips_on_device:
+            self._inner_optimizer.found_inf = (~finite).float()  # the fused kernel leaves everything as it was
+            self.optimizer.step()
+            self._inner_optimizer.found_inf = None
+            with torch.no_grad():
+                for b, saved in zip(self.unwrapped.buffers(), buffers):
+                    b.copy_(torch.where(finite, b, saved))
+            self.unwrapped.project_()
+        elif bool(finite):
             self.optimizer.step()
             self.unwrapped.project_()
-            self.state.nonfinite_steps = 0
         else:
             with torch.no_grad():
                 for b, saved in zip(self.unwrapped.buffers(), buffers):
                     b.copy_(saved)
-            self._skip_nonfinite(micro_batches, out, grad_norm)
+        keys = [k for b in micro_batches for k in b.get("keys", [])][:8]
+        self._pending.append(StepOutcome(self.state.step + 1, finite, keys, out["loss"].detach(), grad_norm,
+                                         len(micro_batches)))
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        out["grad_norm"] = torch.tensor(grad_norm)
+        out["grad_norm"] = grad_norm
         return out
 
     def _accumulated_backward(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
@@ -345,24 +417,33 @@ class Engine:
                 p.grad /= len(micro_batches)
         return out
 
-    def _clip_gradients(self) -> float:
+    def _clip_gradients(self) -> torch.Tensor:
+        """The total gradient norm as a 0-d tensor (read on the host only on log steps)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return torch.zeros((), device=self.acc.device)
         if self.cfg.grad_clip:
-            norm = self.acc.clip_grad_norm_(params, self.cfg.grad_clip)
-        else:
-            norm = torch.norm(torch.stack([p.grad.detach().float().norm() for p in params])) if params else torch.tensor(0.0)
-        return float(norm)
+            return self.acc.clip_grad_norm_(params, self.cfg.grad_clip).detach()
+        return torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in params]))
 
-    def _skip_nonfinite(self, micro_batches: list[dict], out: dict, grad_norm: float) -> None:
-        self.state.nonfinite_steps += 1
-        self.state.skipped_samples["nonfinite_step_batches"] += len(micro_batches)
-        keys = [k for b in micro_batches for k in b.get("keys", [])][:8]
-        loss = float(out["loss"].detach())
-        msg = (f"step {self.state.step + 1}: non-finite loss {loss} or gradient norm {grad_norm}; "
-               f"step skipped (first keys {keys}, state {self.unwrapped.log_state()})")
-        log.warning(msg)
-        if self.state.nonfinite_steps >= self.cfg.max_nonfinite_steps:
-            raise NonFiniteLossError(f"{msg}; {self.state.nonfinite_steps} non-finite steps in a row, stopping")
+    def _settle_steps(self) -> None:
+        """Read the outcome of the steps taken since the last call (one host sync): count and report each
+        skipped non-finite step; stop the run after `max_nonfinite_steps` in a row."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for outcome, finite in zip(pending, torch.stack([p.finite for p in pending]).tolist()):
+            if finite:
+                self.state.nonfinite_steps = 0
+                continue
+            self.state.nonfinite_steps += 1
+            self.state.skipped_samples["nonfinite_step_batches"] += outcome.batches
+            msg = (f"step {outcome.step}: non-finite loss {float(outcome.loss)} or gradient norm "
+                   f"{float(outcome.grad_norm)}; step skipped (first keys {outcome.keys}, "
+                   f"state {self.unwrapped.log_state()})")
+            log.warning(msg)
+            if self.state.nonfinite_steps >= self.cfg.max_nonfinite_steps:
+                raise NonFiniteLossError(f"{msg}; {self.state.nonfinite_steps} non-finite steps in a row, stopping")
 
     def _count_skips(self, batch: dict) -> None:
         self.state.skipped_samples.update(batch.get("skipped", {}))
@@ -414,6 +495,7 @@ class Engine:
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
         """checkpoints/step_N of the current step (the main process writes; every process calls it)."""
+        self._settle_steps()  # the counts it saves are complete
         skips_by_rank = self._gather_counts(self.state.skipped_samples)  # a resume gives each rank its own back
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
         if self.acc.is_main_process:

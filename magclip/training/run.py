@@ -181,7 +181,8 @@ def loop_record(engine: Engine, state: LoopState, skipped: Counter, started: flo
         log.warning("the ranks end with different weights (sha256 by rank: %s)", digests)
     return {"steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
             "world_size": engine.acc.num_processes, "weights_sha256_by_rank": digests, "skipped_samples": dict(skipped),
-            "train_loss_recent": engine.recent_loss(), "wall_time_s": round(time.perf_counter() - started, 2)}
+            "train_loss_recent": engine.recent_loss(), "speed_levers": dict(engine.levers),
+            "wall_time_s": round(time.perf_counter() - started, 2)}
 
 
 def write_results(results: dict[str, Any], run_dir: Path, accelerator: Accelerator) -> dict[str, Any]:

@@ -71,6 +71,9 @@ class TextTrainModule(TrainModule):
         super().__init__(loss, logit_scale)
         self.encoder = encoder
 
+    def towers(self) -> BiEncoder:
+        return self.encoder
+
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(split_batch(batch, "query"), split_batch(batch, "passage"))
 

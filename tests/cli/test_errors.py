@@ -89,3 +89,19 @@ def test_scoring_flags_mean_the_same_in_every_command(command, flags, message, t
     with pytest.raises(ValueError) as err:
         main([*inputs, *flags])
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [["model.name=hf-hub:timm/ViT-B-16-SigLIP"],
+                                       ["model.name=ViT-B-32", "model.pretrained=laion2b_s34b_b79k"]])
+def test_an_unreachable_hub_name_is_one_line_naming_the_cache(overrides, tmp_path):
+    """Offline (HF_HUB_OFFLINE=1, an empty HF_HOME: nothing is contacted), a hub model or pretrained tag
+    is one line that names it, the cache folder and the way to pass local weights; exit 2. (How fast:
+    benchmarks/bench_cli.py.)"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), *overrides, f"output_dir={tmp_path}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "is not in the local hub cache" in last and str(tmp_path / "hf") in last and "model.pretrained=" in last
+    assert "HubUnavailableError" in last

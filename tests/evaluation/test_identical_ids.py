@@ -92,3 +92,23 @@ def test_the_command_defaults_to_self_and_takes_the_old_flag(tmp_path, tiny_mode
         eval_beir.main(["--model", str(model), "--data", str(folder), "--mode", "cosine", "--out", str(out), *flags])
         entry = json.loads(out.read_text())["numbered"]
         assert (entry["identical_ids"], entry["excluded_identical"]) == (rule, excluded)
+
+
+def test_beir_export_index_round_trip(tmp_path, tiny_model):
+    """eval/beir.py --export-index: the prepared corpus searched with prepared queries ranks as magclip did."""
+    from magclip.evaluation.index import load_index, prepare_queries
+
+    folder = write_beir(tmp_path / "numbered", NUMBERED_QUERIES, {"1": "2", "2": "1", "3": "3", "4": "4"})
+    model = tmp_path / "model"
+    tiny_model.save_pretrained(model)
+    out = tmp_path / "index"
+    eval_beir.main(["--model", str(model), "--data", str(folder), "--mode", "qnorm", "--out", str(tmp_path / "r.json"),
+                    "--export-index", str(out)])
+    docs, ids, record = load_index(out / "numbered" / "qnorm")
+    assert ids == list(DOCS) and record["mode"] == "qnorm" and record["documents"] == "passage"
+    q = tiny_model.encode(list(NUMBERED_QUERIES.values()), "query")
+    d = tiny_model.encode(list(DOCS.values()), "passage")
+    run, _ = search_run(q, d, list(NUMBERED_QUERIES), list(DOCS), "qnorm", 4)
+    scores = prepare_queries(record, q) @ docs.T
+    for row, qid in zip(scores, NUMBERED_QUERIES):
+        assert [ids[j] for j in (-row).argsort(kind="stable")] == list(run[qid]), qid

@@ -21,6 +21,7 @@ from open_clip_train.train import get_clip_metrics
 
 from magclip import Scorer
 from magclip.models.clip import CHECKPOINT_META
+from magclip.metrics.ir import faiss_available
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import save_checkpoint_for_open_clip
 from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip, resolve_checkpoint, scorers_from_meta
@@ -297,3 +298,36 @@ def test_emoji_labels_map_to_the_1906_names(tiny):
     assert all(classes.names[i] == c for i, c in zip(enc.labels.tolist(), enc.captions))
     assert {classes.groups[i] for i in enc.labels.tolist()} == {"Food & Drink"}
     assert load_classes(EMOJI / "emoji_index.jsonl", name_field="annotation", key_field="unified").keys == classes.keys
+
+
+# ----------------------------------------------------------------------------- the serving index
+
+
+def test_exported_index_ranks_exactly_as_the_run_scores(checkpoint, shards, tmp_path):
+    """--export-index writes prepared documents + the scorer: a faiss IndexFlatIP (or a plain inner
+    product) over them, searched with prepared queries, gives the Scorer's own ranking exactly; plain
+    L2-normalised vectors (open_clip's normalising forward) would not, for a qnorm model."""
+    from magclip.evaluation.index import load_index, prepare_queries
+
+    out = tmp_path / "index"
+    eval_zeroshot.main(["--checkpoint", str(checkpoint), "--data", f"val={shards}", "--task", "retrieval",
+                        "--out", str(tmp_path / "r.json"), "--save-embeddings", str(tmp_path / "emb"),
+                        "--export-index", str(out)])
+    images = torch.from_numpy(np.load(tmp_path / "emb" / "image_features.npy"))
+    texts = torch.from_numpy(np.load(tmp_path / "emb" / "text_features.npy"))
+    model = load_checkpoint(checkpoint)
+    for direction, queries, docs in (("i2t", images, texts), ("t2i", texts, images)):
+        prepared_docs, ids, record = load_index(out / "val" / direction)
+        assert record["mode"] == model.scorers[direction].mode and len(ids) == len(docs) == 40
+        expected = model.scorers[direction](queries, docs).topk(10, dim=1).indices
+        q = prepare_queries(record, queries)
+        got = torch.from_numpy(q @ prepared_docs.T).topk(10, dim=1).indices
+        assert torch.equal(got, expected), direction
+        if faiss_available():
+            import faiss
+
+            _, found = faiss.read_index(str(out / "val" / direction / "index.faiss")).search(q, 10)
+            assert torch.equal(torch.from_numpy(found).long(), expected), direction
+    naive = (F.normalize(images, dim=-1) @ F.normalize(texts, dim=-1).T).argmax(dim=1)
+    own = model.scorers["i2t"](images, texts).argmax(dim=1)
+    assert model.scorers["i2t"].mode == "qnorm" and not torch.equal(naive, own)  # cosine ranks otherwise

@@ -67,6 +67,22 @@ def test_length_sorted_batches_keep_input_order(tiny_bert):
     assert torch.allclose(together, one_by_one, atol=1e-5)
 
 
+def test_bf16_encoding_is_close_to_fp32_and_returns_float32(tiny_bert):
+    """`--precision bf16` of the text commands (BiEncoder.encode_dtype): the forward under bf16 autocast,
+    the embeddings float32 and within bf16 rounding of the fp32 ones; without a dtype the caller's
+    autocast applies (a training run's evaluation)."""
+    m = BiEncoder.from_pretrained(tiny_bert)
+    texts = [" ".join(WORDS[i:i + 6]) for i in range(0, 30, 3)]
+    fp32 = m.encode(texts, "passage")
+    m.encode_dtype = torch.bfloat16
+    bf16 = m.encode(texts, "passage")
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+    assert float(torch.nn.functional.cosine_similarity(bf16, fp32).min()) > 0.99
+    m.encode_dtype = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(m.encode(texts, "passage"), bf16)
+
+
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
 def test_save_load_roundtrip_and_sentence_transformers_identical(tiny_bert, tmp_path, pooling):
     st = pytest.importorskip("sentence_transformers")

@@ -296,11 +296,14 @@ def record_steps(monkeypatch) -> list[dict]:
     return steps
 
 
-def test_nonfinite_loss_and_gradient_steps_are_skipped_and_counted(tmp_path, clean_shards, monkeypatch, caplog):
+@pytest.mark.parametrize("optimizer", ["fused", "for_loop"])  # skipped on the device / on the host
+def test_nonfinite_loss_and_gradient_steps_are_skipped_and_counted(tmp_path, clean_shards, monkeypatch, caplog,
+                                                                   optimizer):
     poison_losses(monkeypatch, {2: "nan_loss", 3: "inf_grad"})
     steps = record_steps(monkeypatch)
     with caplog.at_level("WARNING", logger="magclip.training.engine"):
-        results = train_clip(load_config(None, overrides(tmp_path, "nan", clean_shards)))
+        results = train_clip(load_config(None, overrides(tmp_path, "nan", clean_shards,
+                                                         f"train.optimizer_impl={optimizer}")))
     run_dir = tmp_path / "nan"
     assert results["steps"] == STEPS and len(steps) == STEPS
     assert results["skipped_samples"] == {"nonfinite_step_batches": 2}

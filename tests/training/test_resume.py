@@ -6,7 +6,6 @@ is no checkpoint; `train_loss_recent` is part of the checkpoint."""
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from magclip.config import RESUMABLE_KEYS, load_config, resume_differences, to_dict
 from magclip.training.checkpoints import CONFIG_FILE, ResumeConfigError
 from magclip.training.clip import train_clip
+from builders import copy_run_at, tiny_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,9 +29,7 @@ def synth_root(tmp_path_factory) -> Path:
 
 
 def args(out: Path, synth: Path, name: str, *extra: str) -> list[str]:
-    return [f"output_dir={out}", f"name={name}", "model.name=tiny-resnet", f"data.synthetic.root={synth}",
-            "data.synthetic.num_train=128", "data.synthetic.num_val=32", "data.workers=0", "train.batch_size=32",
-            "train.log_every=1", "train.warmup_steps=1", "train.epochs=2", *extra]
+    return tiny_run(out, synth, name, *extra)
 
 
 def snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -94,13 +92,7 @@ def test_keys_a_resume_may_change_are_accepted_and_logged(tmp_path, synth_root, 
 def test_train_loss_recent_after_a_resume_equals_the_unbroken_run(tmp_path, synth_root):
     """From the unbroken run's own step-4 checkpoint: the same weights and the same train_loss_recent."""
     whole = train_clip(load_config(None, args(tmp_path, synth_root, "whole", "train.checkpoint_every=4")))
-    part = tmp_path / "part"
-    shutil.copytree(tmp_path / "whole", part)
-    (part / "results.json").unlink()
-    for step in (part / "checkpoints").glob("step_*"):
-        if step.name != "step_00000004":
-            shutil.rmtree(step)
-    (part / "checkpoints" / "latest").write_text("step_00000004\n")
+    copy_run_at(tmp_path / "whole", tmp_path / "part", "step_00000004")
     resumed = train_clip(load_config(None, args(tmp_path, synth_root, "part", "train.checkpoint_every=4",
                                                 "train.resume=latest")))
     assert resumed["weights_sha256_by_rank"] == whole["weights_sha256_by_rank"]
