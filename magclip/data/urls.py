@@ -14,12 +14,24 @@ from braceexpand import braceexpand
 
 
 def expand_sources(urls: str | list[str]) -> list[list[str]]:
-    """Shard URLs per source. A string is split at '::'; a list holds one pattern per source."""
+    """Shard URLs per source. A string is split at '::'; a list holds one pattern per source. A local
+    folder stands for the .tar shards in it, in name order."""
     parts = urls.split("::") if isinstance(urls, str) else list(urls)
-    sources = [list(braceexpand(p.strip())) for p in parts if p.strip()]
+    sources = [[u for pattern in braceexpand(p.strip()) for u in _folder_shards(pattern)] for p in parts if p.strip()]
     if not sources or any(not s for s in sources):
         raise ValueError(f"no shards in {urls!r}")
     return sources
+
+
+def _folder_shards(url: str) -> list[str]:
+    path = local_path(url)
+    if path is None or not path.is_dir():
+        return [url]
+    shards = sorted(str(p) for p in path.glob("*.tar"))
+    if not shards:
+        raise ValueError(f"{path} is a folder without .tar shards: pass shard files or a brace pattern "
+                         f"(e.g. {path}/train-{{000000..000009}}.tar)")
+    return shards
 
 
 def local_path(url: str) -> Path | None:

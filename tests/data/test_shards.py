@@ -313,3 +313,17 @@ def test_the_evaluation_reader_skips_and_counts_like_training(tmp_path: Path) ->
     assert [(u, k) for u, k, _ in samples] == [("a.tar", "k1"), ("a.tar", "k2"), ("b.tar", "t0")]
     assert samples[1][2]["txt"] == b"caption k2"
     assert dict(skipped) == {"bad_member": 1, "corrupt_tar": 1, "unreadable_shard": 1}
+
+
+def test_a_folder_stands_for_its_shards(tmp_path):
+    """`--data DIR` / `data.train=DIR`: the .tar shards inside, in name order; a folder without any is named."""
+    from magclip.data.urls import check_sources_exist
+
+    for name in ("b-000001.tar", "b-000000.tar"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "sizes.json").write_text("{}")
+    assert check_sources_exist(str(tmp_path)) == [str(tmp_path / "b-000000.tar"), str(tmp_path / "b-000001.tar")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="is a folder without .tar shards"):
+        check_sources_exist(str(empty))
