@@ -57,9 +57,10 @@ class ScaleDefaults:
     max: float | None
 
 
-def siglip_defaults(mode: str) -> tuple[ScaleDefaults, float]:
-    """(scale defaults, bias init) of the sigmoid loss in `mode` (see the module docstring)."""
-    return default_logit_scale(mode, SIGLIP_INIT_SCALE), SIGLIP_INIT_BIAS
+def cosine_scale_for(loss_type: str) -> float:
+    """The scale cosine starts at with this CLIP loss type (clip: 1/0.07; siglip: 10); the raw modes'
+    defaults and `match_cosine_temperature` are relative to it."""
+    return SIGLIP_INIT_SCALE if loss_type == "siglip" else CLIP_INIT_SCALE
 
 
 def default_logit_scale(modes: str | Iterable[str], cosine_scale: float = CLIP_INIT_SCALE) -> ScaleDefaults:

@@ -39,10 +39,13 @@ class Towers(torch.nn.Module):
         self.image = torch.nn.Linear(DIM_IN, DIM)
         self.text = torch.nn.Linear(DIM_IN, DIM)
         self.scale = LogitScale(init=3.0)
+        self.loss = self.make_loss(case)
+
+    def make_loss(self, case: dict) -> torch.nn.Module:
         kw = dict(case)
         if kw["i2t"] == "learnable":  # one shared learnable pair for both directions
             kw["i2t"] = kw["t2i"] = Scorer("learnable", 0.3, 0.7)
-        self.loss = CLIPLoss(**kw)
+        return CLIPLoss(**kw)
 
     def forward(self, x_img, x_txt):
         return self.loss(self.image(x_img), self.text(x_txt), self.scale())

@@ -12,8 +12,9 @@ from open_clip.loss import SigLipLoss
 
 from magclip.losses import SigLIPLoss
 from magclip.similarity import FIXED_MODES, Scorer
-from magclip.temperature import LogitBias, LogitScale
-from test_distributed_loss import DIM, DIM_IN, assert_ranks_equal_one_process, join_group, rank_results, spawn_ranks
+from magclip.temperature import LogitBias
+from test_distributed_loss import Towers as ClipTowers
+from test_distributed_loss import assert_ranks_equal_one_process, join_group, rank_results, spawn_ranks
 
 MODES = ("cosine", "dot", "qnorm", "dnorm", "learnable")
 CASES = [dict(mode=m, local_loss=ll) for m in MODES for ll in (False, True)]
@@ -63,16 +64,13 @@ def test_a_bias_is_required():
         SigLIPLoss()(img, txt, torch.tensor(10.0))
 
 
-class Towers(torch.nn.Module):
-    def __init__(self, case: dict):
-        super().__init__()
-        torch.manual_seed(0)
-        self.image = torch.nn.Linear(DIM_IN, DIM)
-        self.text = torch.nn.Linear(DIM_IN, DIM)
-        self.scale = LogitScale(init=3.0)
+class Towers(ClipTowers):
+    """The 2-process test's towers (tests/test_distributed_loss.py) with the sigmoid loss and its bias."""
+
+    def make_loss(self, case: dict) -> SigLIPLoss:
         self.bias = LogitBias(-4.0)
         scorer = Scorer("learnable", 0.3, 0.7) if case["mode"] == "learnable" else case["mode"]
-        self.loss = SigLIPLoss(scorer, local_loss=case["local_loss"])
+        return SigLIPLoss(scorer, local_loss=case["local_loss"])
 
     def forward(self, x_img, x_txt):
         return self.loss(self.image(x_img), self.text(x_txt), self.scale(), self.bias())

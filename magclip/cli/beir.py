@@ -28,8 +28,8 @@ import logging
 from dataclasses import asdict
 
 from magclip.cli import as_command
-from magclip.config import IDENTICAL_ID_RULES
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
+from magclip.config import IDENTICAL_ID_RULES
 from magclip.data.beir import check_beir_folder
 from magclip.io import atomic_write_json
 

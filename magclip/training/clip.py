@@ -23,14 +23,7 @@ from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
-from magclip.temperature import (
-    CLIP_INIT_SCALE,
-    SIGLIP_INIT_SCALE,
-    LogitBias,
-    LogitScale,
-    match_cosine_temperature,
-    siglip_defaults,
-)
+from magclip.temperature import SIGLIP_INIT_BIAS, LogitBias, LogitScale, cosine_scale_for, match_cosine_temperature
 from magclip.training.engine import Engine, TrainModule, make_accelerator
 from magclip.training.run import (
     latest_checkpoint,
@@ -97,19 +90,16 @@ def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
 
 def build_logit_scale(cfg: LossConfig) -> LogitScale:
     """The trained modes' defaults (magclip.temperature), each overridable by the config."""
-    if cfg.type == "siglip":
-        return LogitScale.for_mode(cfg.mode, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max,
-                                   cosine_scale=SIGLIP_INIT_SCALE)
-    modes = [m for m in (cfg.i2t, cfg.t2i) if m is not None]
-    return LogitScale.for_mode(modes, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max)
+    modes = [cfg.mode] if cfg.type == "siglip" else [m for m in (cfg.i2t, cfg.t2i) if m is not None]
+    return LogitScale.for_mode(modes, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max,
+                               cosine_scale=cosine_scale_for(cfg.type))
 
 
 def build_logit_bias(cfg: LossConfig) -> LogitBias | None:
-    """The sigmoid loss's bias (magclip.temperature.siglip_defaults); the CLIP loss has none."""
+    """The sigmoid loss's bias (magclip.temperature: the same start in every mode); the CLIP loss has none."""
     if cfg.type != "siglip":
         return None
-    return LogitBias(siglip_defaults(cfg.mode)[1] if cfg.logit_bias_init is None else cfg.logit_bias_init,
-                     cfg.logit_bias_learnable)
+    return LogitBias(SIGLIP_INIT_BIAS if cfg.logit_bias_init is None else cfg.logit_bias_init, cfg.logit_bias_learnable)
 
 
 def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
@@ -156,8 +146,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
     if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
-        _match_cosine_temperature(module, make_loader(0), SIGLIP_INIT_SCALE if cfg.loss.type == "siglip"
-                                  else CLIP_INIT_SCALE)
+        _match_cosine_temperature(module, make_loader(0), cosine_scale_for(cfg.loss.type))
 
     def eval_loader(urls: str):
         return build_clip_loader(urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,

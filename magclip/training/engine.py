@@ -171,11 +171,9 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
                          "On CPUs use `accelerate launch --multi_gpu ...` (it runs torchrun; gloo, see "
                          "configs/accelerate/multi_node_cpu.yaml) or torchrun")
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
-    precision, why = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
-                              cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
-    accelerator.magclip_precision = (precision, why)  # logged with the other levers by the engine
-    return accelerator
+    precision, _ = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
+                       cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
 
 
 def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
@@ -237,7 +235,7 @@ class Engine:
         """channels_last and compile on the module's towers (before the optimizer and DDP see them); what
         each lever resolved to, for the log and results.json."""
         cfg = self.cfg
-        precision, why = getattr(self.acc, "magclip_precision", (cfg.precision, "as configured"))
+        precision, why = resolve_precision(cfg.precision, self.acc.device)  # the rule make_accelerator applied
         levers = {"precision": f"{precision} ({why})"}
         towers = module.towers()
         module.channels_last = use_channels_last(towers, cfg.channels_last)
@@ -377,17 +375,13 @@ class Engine:
             self._inner_optimizer.found_inf = (~finite).float()  # the fused kernel leaves everything as it was
             self.optimizer.step()
             self._inner_optimizer.found_inf = None
-            with torch.no_grad():
-                for b, saved in zip(self.unwrapped.buffers(), buffers):
-                    b.copy_(torch.where(finite, b, saved))
+            self._keep_buffers_where(finite, buffers)
             self.unwrapped.project_()
         elif bool(finite):
             self.optimizer.step()
             self.unwrapped.project_()
         else:
-            with torch.no_grad():
-                for b, saved in zip(self.unwrapped.buffers(), buffers):
-                    b.copy_(saved)
+            self._keep_buffers_where(finite, buffers)
         keys = [k for b in micro_batches for k in b.get("keys", [])][:8]
         self._pending.append(StepOutcome(self.state.step + 1, finite, keys, out["loss"].detach(), grad_norm,
                                          len(micro_batches)))
@@ -395,6 +389,12 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         out["grad_norm"] = grad_norm
         return out
+
+    @torch.no_grad()
+    def _keep_buffers_where(self, finite: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        """Buffers as the forward pass left them where the step was finite, else as they were before it."""
+        for b, before in zip(self.unwrapped.buffers(), saved):
+            b.copy_(torch.where(finite, b, before))
 
     def _accumulated_backward(self, micro_batches: list[dict]) -> dict[str, torch.Tensor]:
         """open_clip's --accum-freq: a loss over all micro-batches' features, one micro-batch with grad at a time."""

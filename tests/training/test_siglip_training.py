@@ -35,7 +35,7 @@ def test_every_mode_trains(tmp_path, synth_root, mode):
     results = train_clip(load_config(None, args(tmp_path, synth_root, mode, f"loss.mode={mode}", "train.max_steps=2")))
     assert results["loss_type"] == "siglip" and results["scorers"]["i2t"]["mode"] == mode
     assert results["steps"] == 2 and results["logit_bias"] != -10.0  # learnable: it moved
-    start = {"cosine": 10.0}.get(mode, 1.0)  # magclip.temperature.siglip_defaults
+    start = {"cosine": 10.0}.get(mode, 1.0)  # magclip.temperature: cosine 10, a raw side 1
     records = [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
     assert abs(records[0]["logit_scale"] - start) < 0.1 and "logit_bias" in records[0]
     assert "image_to_text_R@1" in results["metrics"]
