@@ -8,6 +8,7 @@ with `open_clip.add_model_config` (through magclip's `register_model_configs`, w
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def main() -> None:
     p.add_argument("--shim-missing-deps", action="store_true",
                    help="run without open_clip's [training] extra: stub pandas (used only by its CSV datasets) and "
                         "adapt open_clip_train to webdataset 1.x (its end-of-shard marker, open_clip issue #935)")
+    p.add_argument("--open-clip-args", default="",
+                   help="more open_clip_train arguments (shell words), after the ones here: a later flag wins")
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", required=True)
     a = p.parse_args()
@@ -44,7 +47,7 @@ def main() -> None:
         "--model", a.model, "--epochs", "1", "--lr", "0.001", "--warmup", "10", "--wd", "0.1",
         "--beta1", "0.9", "--beta2", "0.98", "--eps", "1e-6", "--grad-clip-norm", "1.0",
         "--report-to", "", "--save-frequency", "0", "--logs", f"{a.workdir}/logs", "--name", "bench",
-        "--device", a.device, "--seed", "0", "--log-every-n-steps", "10",
+        "--device", a.device, "--seed", "0", "--log-every-n-steps", "10", *shlex.split(a.open_clip_args),
     ]
     clock = StepClock()
     rc = oc_main.main(argv)
@@ -53,6 +56,7 @@ def main() -> None:
         raise SystemExit(f"open_clip_train returned {rc}")
     rate = steady_rate(clock.times, a.batch_size, a.skip, a.measure)
     write_json(a.out, {"contender": "open_clip_train", "mode": "cosine (ClipLoss)", "world_size": 1, "rank": 0,
+                       "steps": len(clock.times),
                        "threads": torch.get_num_threads(), "workers": a.workers, "batch_size": a.batch_size,
                        "precision": a.precision, "model": a.model, **rate, **peak_rss_mb(), **gpu_peak_mb(),
                        "shimmed": shimmed})

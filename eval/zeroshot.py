@@ -11,8 +11,16 @@ Installed as `magclip-zeroshot` (the same arguments); every option: --help (magc
         --classes classnames.txt --templates openai --out r.json
     python eval/zeroshot.py --checkpoint runs/x --data SHARDS --classes classes.jsonl --class-name-field name \\
         --class-key-field id --label-field class_id --out r.json
+    python eval/zeroshot.py --checkpoint runs/x --data eurosat=~/data/eurosat/test --classes en_classnames.json \\
+        --templates en_zeroshot_classification_templates.json --out r.json
+    python eval/zeroshot.py --model tiny-resnet --mode qnorm --data ~/data/pets/test --templates 'a photo of a {c}.' \\
+        --out /tmp/r.json
     python eval/zeroshot.py --model ViT-B-32 --pretrained laion2b_s34b_b79k --mode cosine --data SHARDS --out r.json
     python eval/zeroshot.py --model tiny-resnet --mode qnorm --emoji ../shared/data/emoji --out /tmp/r.json
+
+--data DIR with class sub-folders of images (torchvision's ImageFolder, CLIP_benchmark's --dataset_root) is
+classified over its folders; --classes / --templates take CLIP_benchmark's JSON files ({data set: [...]},
+"{c}" templates), picking the entry named like the set (NAME=, else the folder) or --class-set KEY.
 """
 
 import sys

@@ -25,6 +25,8 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")  # train.optimizer_im
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
 RESUME_WORDS = ("latest", "auto")  # train.resume: the newest checkpoint (required / if there is one)
+# train.report_to: tensorboard is magclip's own writer, the others accelerate's trackers (training/trackers.py)
+TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
 # Keys a resume may change: where the run is, when it stops, how often it logs, validates and
 # checkpoints, and how the host runs it (threads, loader workers, the speed levers but precision).
@@ -37,7 +39,7 @@ RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
     "train.val_every", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
-    "train.compile", "train.compile_mode",
+    "train.compile", "train.compile_mode", "train.report_to",
 )
 RESUME_CAVEATS = {
     "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
@@ -137,6 +139,8 @@ class TrainConfig:
     collective_timeout_s: float = 1800.0  # a collective (gradient all-reduce, barrier) waiting longer on a lost rank fails
     threads: int | None = None        # intra-op threads per process; None: OMP_NUM_THREADS, else the cores
                                       # this process may use minus its loader workers (training/threads.py)
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # trackers beside metrics.jsonl
+                                      # (TRACKERS; "wandb,mlflow" or a list; none / [] = metrics.jsonl only)
 
 
 @dataclass
@@ -327,6 +331,12 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
             what = "names" if any_values else "names to strings"
             raise ConfigError(f"config key {key!r} must be a mapping of {what}, got {value!r}")
         return dict(value)
+    if typing.get_origin(kind) is list:  # list[str]: a YAML list or one comma-separated string; null = []
+        items = [] if value is None else value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"config key {key!r} must be a list of strings or a comma-separated string, "
+                              f"got {value!r}")
+        return [v.strip() for v in items if v.strip()]
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union else (kind,)
     if value is None:
         if type(None) in options:
@@ -417,6 +427,11 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError(f"train.optimizer_impl={train.optimizer_impl!r}; allowed: {', '.join(OPTIMIZER_IMPLS)}")
     if train.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode={train.compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
+    unknown = [n for n in train.report_to if n not in (*TRACKERS, "none")]
+    if unknown or ("none" in train.report_to and len(train.report_to) > 1):
+        what = f"unknown tracker {unknown[0]!r}" if unknown else "'none' goes alone"
+        raise ConfigError(f"train.report_to={','.join(train.report_to)!r}: {what}; allowed: "
+                          f"{', '.join(TRACKERS)} (a list or comma-separated), or none")
     if train.threads is not None and train.threads < 1:
         raise ConfigError(f"train.threads must be >= 1 or null (automatic), got {train.threads}")
     positive = {"train.batch_size": train.batch_size, "train.epochs": train.epochs,

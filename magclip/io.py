@@ -3,6 +3,7 @@ never half of one) and the one safe way to read a torch file that a user hands u
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -111,7 +112,7 @@ class DamagedFileError(ValueError):
 def load_error(path: str | Path, exn: BaseException) -> ValueError | None:
     """What went wrong when `torch.load(path, weights_only=True)` (or safetensors' reader) raised `exn`, as an
     error that names the file; None where `exn` is not about the file's content (e.g. a missing file)."""
-    if isinstance(exn, OSError):
+    if isinstance(exn, OSError) and exn.errno != errno.EINVAL:  # EINVAL: torch's zip reader seeking past a cut end
         return None
     if isinstance(exn, pickle.UnpicklingError) and "weights only load failed" in str(exn).lower():
         found = re.search(r"GLOBAL ([\w.]+)", str(exn))

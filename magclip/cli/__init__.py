@@ -32,15 +32,17 @@ def check_inputs(cfg: Any) -> None:
     """Every local input a run config names exists: what a command checks before it imports torch or builds
     anything. Not part of `validate`: a config that names data of another machine still loads."""
     from magclip.config import RunConfig
-    from magclip.data.urls import check_sources_exist
+    from magclip.data.urls import check_pipes_start, check_sources_exist
     from magclip.io import looks_like_path
 
+    check_writable(cfg.run_dir, "output_dir")
     if isinstance(cfg, RunConfig):
         shard_sets = {"data.train": cfg.data.train, "data.val": cfg.data.val,
                       **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
         for key, urls in shard_sets.items():
             if urls is not None:
                 check_sources_exist(urls, key)
+                check_pipes_start(urls, key)
         pretrained = cfg.model.pretrained
         if pretrained and looks_like_path(pretrained) and not Path(pretrained).expanduser().exists():
             raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")
@@ -52,6 +54,18 @@ def check_inputs(cfg: Any) -> None:
     for key, value in paths.items():
         if value is not None and not Path(value).exists():
             raise FileNotFoundError(f"{key}: not found: {value}")
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """A PermissionError naming `folder` where its nearest existing parent cannot be written to (a
+    read-only mount, another user's folder): said before a model is built, not at the first write."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{key}: {existing} is a file, not a folder (the run would write to {folder})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == folder else f" ({existing}, where {folder} would be created)"
+        raise PermissionError(f"{key}: cannot write to {folder}{where}: a read-only file system or no write "
+                              "permission; pass output_dir=<a writable folder>")
 
 
 class UsageError(ValueError):
@@ -78,9 +92,9 @@ def _expected(exn: BaseException) -> int | None:
         return BAD_INPUT_EXIT
     if "magclip.training.engine" in sys.modules:  # only a run that trained can fail this way
         from magclip.distributed import PeerLostError
-        from magclip.training.engine import CheckpointWriteError, NonFiniteLossError
+        from magclip.training.engine import NonFiniteLossError, RunWriteError
 
-        if isinstance(exn, (NonFiniteLossError, CheckpointWriteError, PeerLostError)):
+        if isinstance(exn, (NonFiniteLossError, RunWriteError, PeerLostError)):
             return RUN_FAILED_EXIT
     return None
 
@@ -99,8 +113,37 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
             if _reports_errors():
                 print(f"error: {_where()}{exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)",
                       file=sys.stderr)
+            if _in_process_group():
+                _exit_now(code)
             raise SystemExit(code) from None
     return run
+
+
+def _in_process_group() -> bool:
+    if "torch.distributed" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _exit_now(code: int) -> None:
+    """Leave a process group after a refusal or a failed run without running its destructors: at
+    interpreter exit gloo's threads can still be joinable while the group is torn down, and the
+    process then dies of SIGABRT ("terminate called without an active exception") instead of
+    exiting with `code`. Every stream is flushed first; the peers see the connection close."""
+    import logging
+
+    from magclip.distributed import stop_heartbeat
+
+    stop_heartbeat()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or full stream: nothing more can be said
+            pass
+    os._exit(code)
 
 
 def _reports_errors() -> bool:

@@ -23,6 +23,19 @@ Classification on any shards with a label in KEY.cls (index or class key) or a K
     python eval/zeroshot.py --checkpoint runs/x --data SHARDS --classes classes.jsonl --class-name-field name \\
         --class-key-field id --label-field class_id --out r.json
 
+Classification on an image folder (DIR/<class>/<image>, torchvision's ImageFolder, CLIP_benchmark's
+--dataset_root layout; no shards, no labels file): the classes are its folders, named by the folder names
+('_' as spaces) or by --classes; CLIP_benchmark's JSON files (en_classnames.json: {data set: [names]},
+en_zeroshot_classification_templates.json: {data set: [templates with "{c}"]}) give the entry of the set's
+NAME (then the folder's name, or --class-set KEY; templates fall back to "imagenet1k" like CLIP_benchmark):
+    python eval/zeroshot.py --checkpoint runs/x --data eurosat=~/data/eurosat/test --classes en_classnames.json \\
+        --templates en_zeroshot_classification_templates.json --out r.json
+    python eval/zeroshot.py --checkpoint runs/x --data ~/data/pets/test --templates 'a photo of a {c}.' --workers 4 \\
+        --out r.json
+Plain names in --classes (.txt, a JSON list or a dict entry) match the sorted folders in order, as in
+CLIP_benchmark; results record the name each folder was scored as (sets.<set>.classification.folder_classes).
+Unreadable images are skipped and counted (sets.<set>.counts.skipped). A folder holding .tar files is its shards.
+
 A plain open_clip model (pretrained tag or local file; random init without --pretrained):
     python eval/zeroshot.py --model ViT-B-32 --pretrained laion2b_s34b_b79k --mode cosine --data SHARDS --out r.json
     python eval/zeroshot.py --model tiny-resnet --mode qnorm --emoji ../shared/data/emoji --out /tmp/r.json
@@ -33,9 +46,12 @@ in a sub-folder when there are several sets):
     image_features.npy   [N, D] float32, raw (unnormalized: the Scorer's exponents are applied at scoring)
     text_features.npy    [N, D] float32, raw (retrieval sets)
     captions.jsonl       one JSON string per line: the caption each text feature encodes (retrieval sets)
-    keys.txt             the sample keys
+    keys.txt             the sample keys (an image folder: paths relative to it)
     labels.npy           class index per sample (classification)
-    classes/             class-text features [C, T, D] per template and the class names
+    classes/             class-text features [C, T, D] per template and the class names (per set, in the
+                         set's sub-folder, when sets have class lists or templates of their own)
+
+Top-k accuracy is reported for k in (1, 5) up to the number of classes (3 classes: top-1 only).
 """
 
 from __future__ import annotations
@@ -43,8 +59,10 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+from pathlib import Path
 
 from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
+from magclip.data.image_folder import resolve_image_folder
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS as TASKS
 from magclip.io import atomic_write_json
@@ -55,7 +73,7 @@ _NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
 
 def parse_data(values: list[str]) -> dict[str, str]:
-    """`NAME=SHARDS` or `SHARDS` (named 'data', or data1, data2, ... when there are several)."""
+    """`NAME=SHARDS|DIR` or `SHARDS|DIR` (named 'data', or data1, data2, ... when there are several)."""
     out: dict[str, str] = {}
     for i, value in enumerate(values):
         m = _NAMED.match(value)
@@ -66,11 +84,24 @@ def parse_data(values: list[str]) -> dict[str, str]:
     return out
 
 
-def check_inputs(args: argparse.Namespace) -> None:
-    """Local inputs exist: named before torch, open_clip or a model is loaded."""
+def check_inputs(args: argparse.Namespace) -> dict[str, Path | None]:
+    """Local inputs exist: named before torch, open_clip or a model is loaded. Returns {set: its image
+    folder, or None for shards}; a local folder that is neither is an error naming it."""
     check_paths(args, "checkpoint", "emoji", "classes")
+    folders: dict[str, Path | None] = {}
     for name, urls in parse_data(args.data).items():
-        check_sources_exist(urls, f"--data {name}")
+        folders[name] = resolve_image_folder(urls, f"--data {name}")
+        if folders[name] is None:
+            check_sources_exist(urls, f"--data {name}")
+    return folders
+
+
+def entry_keys(name: str, folder: Path | None, class_set: str | None) -> list[str]:
+    """Keys to look a set up by in CLIP_benchmark's {data set: ...} JSON files: --class-set, else the
+    set's name, then its image folder's name (`--data ~/data/cifar10` finds "cifar10")."""
+    if class_set:
+        return [class_set]
+    return [name, *([folder.name] if folder is not None and folder.name != name else [])]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,21 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--gamma-q", type=float, help="with --mode fixed/learnable")
     src.add_argument("--gamma-d", type=float, help="with --mode fixed/learnable")
     data = p.add_argument_group("data")
-    data.add_argument("--data", action="append", default=[], metavar="[NAME=]SHARDS",
-                      help="webdataset shards (brace patterns, '::' between sources); repeat for several sets")
+    data.add_argument("--data", action="append", default=[], metavar="[NAME=]SHARDS|DIR",
+                      help="webdataset shards (brace patterns, '::' between sources, a folder of .tar), or an "
+                           "image folder DIR/<class>/<image> (torchvision's ImageFolder: classification over its "
+                           "folders); repeat for several sets")
     data.add_argument("--emoji", metavar="DIR", help="the emoji benchmark folder (splits.json, emoji_index.jsonl)")
     data.add_argument("--splits", nargs="+", help="with --emoji: only these splits")
     data.add_argument("--task", choices=(*TASKS, "both"),
-                      help="default: both with a class list (or --emoji), else retrieval")
+                      help="default: classification with an image folder, both with a class list (or --emoji), "
+                           "else retrieval")
+    data.add_argument("--workers", type=int, default=0, help="DataLoader processes reading image folders (%(default)s)")
     cls = p.add_argument_group("classification")
-    cls.add_argument("--classes", help="class list: .txt (one name a line), .json or .jsonl")
+    cls.add_argument("--classes", help="class list: .txt (one name a line), .json (a list, CLIP_benchmark's "
+                     "{data set: [names]} dict, or {key: name}) or .jsonl; an image folder's default: its folder "
+                     "names, '_' as spaces; plain names match its sorted folders in order")
+    cls.add_argument("--class-set", metavar="KEY", help="entry of {data set: ...} JSON class/template files "
+                     "(default: the set's NAME, then its folder's name)")
     cls.add_argument("--class-name-field", default="name", help="name field of JSON class objects (%(default)s)")
     cls.add_argument("--class-key-field", help="field matched against sample labels (default: the index)")
     cls.add_argument("--class-group-field", help="group field (e.g. category) for --exclude-group and per-group top-1")
     cls.add_argument("--label-field", help="KEY.json field holding the label (default: KEY.cls)")
     cls.add_argument("--exclude-group", action="append", default=[], help="also report without this group")
     cls.add_argument("--templates", nargs="+", help="prompt templates: identity (default), simple, openai, "
-                     "a file (one format string a line), or strings with '{}'")
+                     "a .txt file (one a line), a .json file (a list, or CLIP_benchmark's {data set: [templates]}, "
+                     "else its 'imagenet1k' entry), or strings with '{}' or '{c}'")
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, help="results JSON (written atomically)")
     out.add_argument("--save-embeddings", metavar="DIR", help="write raw features and keys here")
@@ -119,9 +159,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.pretrained and not args.model:
         raise UsageError("--pretrained goes with --model (a checkpoint's weights come from --checkpoint)")
     if bool(args.emoji) == bool(args.data):
-        raise UsageError("give --data SHARDS (one or more) or --emoji DIR")
+        raise UsageError("give --data SHARDS|DIR (one or more) or --emoji DIR")
     check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
-    check_inputs(args)
+    folders = check_inputs(args)
 
     import torch
 
@@ -139,15 +179,30 @@ def main(argv: list[str] | None = None) -> dict:
         data, classes, set_info = bench["data"], bench["classes"], bench["set_info"]
         label_field = label_field or bench["label_field"]
         exclude = exclude or list(bench["exclude_groups"])
-    else:
+        templates = resolve_templates(args.templates, entry_keys("emoji", None, args.class_set))
+    else:  # per set: CLIP_benchmark's JSON files hold an entry per data set, image folders their own classes
         data = parse_data(args.data)
-        classes = (load_classes(args.classes, name_field=args.class_name_field, key_field=args.class_key_field,
-                                group_field=args.class_group_field) if args.classes else None)
-    task = args.task or ("both" if classes is not None else "retrieval")
+        keys = {name: entry_keys(name, folders[name], args.class_set) for name in data}
+        classes = {name: load_classes(args.classes, name_field=args.class_name_field, key_field=args.class_key_field,
+                                      group_field=args.class_group_field, lookup=keys[name]) if args.classes else None
+                   for name in data}
+        templates = {name: resolve_templates(args.templates, keys[name]) for name in data}
+    image_folders = {name: root for name, root in folders.items() if root is not None} if not args.emoji else {}
+    task = args.task or ("classification" if image_folders else "both" if args.classes or args.emoji else "retrieval")
     tasks = TASKS if task == "both" else (task,)
-    if "classification" in tasks and classes is None:
-        raise UsageError("--task classification needs --classes (or --emoji)")
-    templates = resolve_templates(args.templates)
+    if "retrieval" in tasks and image_folders:
+        name, root = next(iter(image_folders.items()))
+        raise UsageError(f"--data {name}: {root} is an image folder (no captions): retrieval needs shards with "
+                         "KEY.txt; use --task classification")
+    if "classification" in tasks and not args.emoji:
+        unlabelled = [name for name in data if name not in image_folders and classes[name] is None]
+        if unlabelled:
+            raise UsageError(f"--data {unlabelled[0]}: classification of shards needs --classes (or --emoji)")
+    if "classification" in tasks and image_folders:  # indexed (and matched to the class list) before the model loads
+        from magclip.data.image_folder import ImageFolderSet
+
+        for name, root in image_folders.items():
+            data[name] = ImageFolderSet.open(root, classes[name])
 
     if args.checkpoint:
         model = load_checkpoint(args.checkpoint, mode=args.mode, gamma_q=args.gamma_q, gamma_d=args.gamma_d,
@@ -158,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = evaluate_zeroshot(model, data, tasks=tasks, classes=classes if "classification" in tasks else None,
                                 templates=templates, label_field=label_field, exclude_groups=exclude,
                                 set_info=set_info, batch_size=args.batch_size, device=args.device,
-                                save_embeddings=args.save_embeddings, export_index=args.export_index)
+                                workers=args.workers, save_embeddings=args.save_embeddings,
+                                export_index=args.export_index)
     atomic_write_json(args.out, results)
     print(format_zeroshot_table(results))
     print(f"results: {args.out}" + (f"   embeddings: {args.save_embeddings}" if args.save_embeddings else ""))

@@ -1,8 +1,14 @@
 """Zero-shot class lists and prompt templates: what a classifier's documents are made of.
 
 A class list names the classes (what templates are filled with), the keys sample labels are matched
-against and optional groups (e.g. emoji categories); templates are format strings with "{}" (or
-callables) from open_clip's presets, a file, or literal strings.
+against and optional groups (e.g. emoji categories); templates are format strings with "{}" or
+CLIP_benchmark's "{c}" (or callables) from open_clip's presets, a file, or literal strings.
+
+CLIP_benchmark's files are read as it writes them: `en_classnames.json` is a JSON dict
+{dataset name: [class names]}, `en_zeroshot_classification_templates.json` a dict
+{dataset name: [templates with "{c}"]}; a plain JSON list of either works too. The entry of a dict
+is picked by the first of `lookup` (the data set's names) it holds: for class names a missing entry
+is an error listing the keys; for templates CLIP_benchmark's fallback "imagenet1k" applies.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 TEMPLATE_PRESETS = ("identity", "simple", "openai")
+DEFAULT_TEMPLATE_KEY = "imagenet1k"  # CLIP_benchmark's templates for a data set its file does not name
 
 
 @dataclass
@@ -59,14 +66,30 @@ class ClassSet:
                          "the class list does not match the labels")
 
 
+def pick_entry(table: dict[str, Any], lookup: Sequence[str], what: str, fallback: str | None = None) -> str:
+    """The key of a {data set: value} dict to use: the first of `lookup` it holds, else `fallback`;
+    none: a ValueError naming `what` (the file), the names tried and the keys it has."""
+    for key in [*lookup, *([fallback] if fallback else [])]:
+        if key in table:
+            return key
+    keys = sorted(table)
+    shown = ", ".join(keys[:30]) + (f", ... ({len(keys)} keys)" if len(keys) > 30 else "")
+    tried = ", ".join(repr(k) for k in lookup) or "none given"
+    raise ValueError(f"{what} is a dict by data set with no entry for {tried} (keys: {shown}): name the set "
+                     "like a key (--data KEY=DIR) or pick one with --class-set KEY")
+
+
 def load_classes(path: str | Path, *, name_field: str = "name", key_field: str | None = None,
-                 group_field: str | None = None) -> ClassSet:
+                 group_field: str | None = None, lookup: Sequence[str] = ()) -> ClassSet:
     """A class list from a file.
 
     - `.txt`: one class name per line; labels are indices into the list (or the names).
     - `.json`: a list of names, or a list of objects; `.jsonl`: one object per line. Objects give
       the name in `name_field`, the label key in `key_field` (default: the index) and an optional
       group in `group_field`.
+    - `.json` dict by data set, CLIP_benchmark's `en_classnames.json`: {set: [names or objects]}; the
+      entry is the first of `lookup` found (`pick_entry`), read as above. A dict of strings
+      {key: name} (e.g. ImageNet wnid -> name) is a keyed list: labels are matched to its keys.
     """
     path = Path(path)
     if not path.is_file():
@@ -85,8 +108,14 @@ def load_classes(path: str | Path, *, name_field: str = "name", key_field: str |
             rows = json.loads(text)
         except json.JSONDecodeError as exn:
             raise ValueError(f"class list {path} is not valid JSON: {exn}") from exn
+        if isinstance(rows, dict) and rows and all(isinstance(v, str) for v in rows.values()):
+            return ClassSet(list(rows.values()), list(rows), None, str(path), "JSON key")
+        if isinstance(rows, dict) and rows and all(isinstance(v, list) for v in rows.values()):
+            key = pick_entry(rows, lookup, f"class list {path}")
+            rows, path = rows[key], Path(f"{path}[{key}]")
         if not isinstance(rows, list):
-            raise ValueError(f"class list {path} must hold a JSON list")
+            raise ValueError(f"class list {path} must hold a JSON list, a dict {{data set: [class names]}} "
+                             "(CLIP_benchmark) or a dict {key: class name}")
     else:
         raise ValueError(f"class list {path}: expected .txt, .json or .jsonl")
     if all(isinstance(r, str) for r in rows):
@@ -105,9 +134,11 @@ def load_classes(path: str | Path, *, name_field: str = "name", key_field: str |
     return ClassSet(names, keys, groups, str(path), key_field)
 
 
-def resolve_templates(specs: Sequence[str] | None) -> list[str | Callable[[str], str]]:
+def resolve_templates(specs: Sequence[str] | None, lookup: Sequence[str] = ()) -> list[str | Callable[[str], str]]:
     """Prompt templates from presets ('identity' = "{}", 'simple' / 'openai' = open_clip's ImageNet
-    templates), files (one format string per line) or literal strings containing "{}"."""
+    templates), literal strings with "{}" or "{c}", text files (one template per line) or JSON files:
+    a list of templates, or CLIP_benchmark's dict {data set: [templates]} (entry: the first of `lookup`
+    found, else "imagenet1k" as CLIP_benchmark falls back)."""
     out: list[str | Callable[[str], str]] = []
     for spec in specs or ["identity"]:
         if spec == "identity":
@@ -116,19 +147,45 @@ def resolve_templates(specs: Sequence[str] | None) -> list[str | Callable[[str],
             from open_clip import zero_shot_metadata as meta
 
             out += list(meta.SIMPLE_IMAGENET_TEMPLATES if spec == "simple" else meta.OPENAI_IMAGENET_TEMPLATES)
-        elif "{}" in spec:
+        elif _has_slot(spec):
             out.append(spec)
+        elif Path(spec).is_file() and spec.endswith(".json"):
+            out += _json_templates(Path(spec), lookup)
         elif Path(spec).is_file():
             lines = [ln.strip() for ln in Path(spec).read_text(encoding="utf-8").splitlines() if ln.strip()]
-            bad = [ln for ln in lines if "{}" not in ln]
+            bad = [ln for ln in lines if not _has_slot(ln)]
             if not lines or bad:
-                raise ValueError(f"template file {spec}: every line needs a '{{}}' (bad: {bad[:3]})")
+                raise ValueError(f"template file {spec}: every line needs a '{{}}' or '{{c}}' (bad: {bad[:3]})")
             out += lines
         else:
             raise ValueError(f"template {spec!r}: not a preset ({', '.join(TEMPLATE_PRESETS)}), "
-                             "an existing file, or a string containing '{}'")
+                             "an existing file, or a string containing '{}' or '{c}'")
     return out
 
 
+def _has_slot(template: str) -> bool:
+    return "{}" in template or "{c}" in template
+
+
+def _json_templates(path: Path, lookup: Sequence[str]) -> list[str]:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exn:
+        raise ValueError(f"template file {path} is not valid JSON: {exn}") from exn
+    where = str(path)
+    if isinstance(table, dict):
+        key = pick_entry(table, lookup, f"template file {path}", fallback=DEFAULT_TEMPLATE_KEY)
+        table, where = table[key], f"{path}[{key}]"
+        if isinstance(table, dict):
+            raise ValueError(f"template file {where} holds class-specific prompts ({{class: [prompts]}}, as CuPL's): "
+                             "not supported; give templates with '{c}'")
+    if not isinstance(table, list) or not table or not all(isinstance(t, str) and _has_slot(t) for t in table):
+        bad = [t for t in table if not (isinstance(t, str) and _has_slot(t))][:3] if isinstance(table, list) else table
+        raise ValueError(f"template file {where}: expected a non-empty JSON list of templates with '{{c}}' or '{{}}' "
+                         f"(or a dict {{data set: [templates]}}), bad: {str(bad)[:200]}")
+    return list(table)
+
+
 def fill_template(template: str | Callable[[str], str], name: str) -> str:
-    return template.format(name) if isinstance(template, str) else template(name)
+    """The prompt of one class: "{}" (open_clip) and "{c}" (CLIP_benchmark) both take the name."""
+    return template.format(name, c=name) if isinstance(template, str) else template(name)

@@ -61,6 +61,7 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SKIP_REASONS = (
     "unreadable_shard",  # the shard could not be opened (per shard)
     "corrupt_tar",  # garbage or truncated tar; samples before the damage are kept (per shard)
+    "pipe_failed",  # a pipe: shard's command exited with an error; samples it sent are kept (per shard)
     "bad_member",  # a member webdataset could not group, e.g. a duplicate name in one sample
     "missing_image",
     "missing_caption",
@@ -69,7 +70,7 @@ SKIP_REASONS = (
     "image_too_large",  # more pixels than max_image_pixels (checked from the header, before decoding)
     "undecodable_image",  # PIL cannot decode it (garbage, truncated, zero bytes)
 )
-SHARD_REASONS = ("unreadable_shard", "corrupt_tar")  # counted once per shard and epoch
+SHARD_REASONS = ("unreadable_shard", "corrupt_tar", "pipe_failed")  # counted once per shard and epoch
 LOG_FIRST_SKIPS = 5  # skips logged per reason (every one is counted)
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS default
 _META = re.compile(r"(^|/)__[^/]*__($|/)")  # webdataset's metadata members, not samples
@@ -119,29 +120,29 @@ def _count_tar(path: Path) -> int:
     return len(keys)
 
 
+SIZES_FILE = "sizes.json"  # {shard name: samples} beside the shards (open_clip's convention)
+SIZES_CHECK_MAX_BYTES = 2**30  # local shards up to this size are counted at start to check sizes.json
+
+
 def shard_sizes(urls: list[str]) -> list[int | None]:
     """Samples per shard from a `sizes.json` beside the shards (open_clip's convention), else by
     reading the tar; for a `pipe:` URL whose command names a local shard path with a sizes.json
     beside it (`pipe:cat /data/shard-000003.tar`), that table; None for any other remote shard."""
     tables: dict[Path, dict[str, int]] = {}
-
-    def table(folder: Path) -> dict[str, int]:
-        if folder not in tables:
-            sizes = folder / "sizes.json"
-            tables[folder] = json.loads(sizes.read_text()) if sizes.is_file() else {}
-        return tables[folder]
-
     out: list[int | None] = []
     for url in urls:
         path = local_path(url)
-        if path is not None:
-            n = table(path.parent).get(path.name)
-            out.append(int(n) if n is not None else _count_tar(path))
-            continue
-        named = _pipe_shard(url)
-        n = table(named.parent).get(named.name) if named is not None else None
-        out.append(int(n) if n is not None else None)
+        named = path or _pipe_shard(url)
+        n = _sizes_table(named.parent, tables).get(named.name) if named is not None else None
+        out.append(int(n) if n is not None else _count_tar(path) if path is not None else None)
     return out
+
+
+def _sizes_table(folder: Path, tables: dict[Path, dict[str, int]]) -> dict[str, int]:
+    if folder not in tables:
+        sizes = folder / SIZES_FILE
+        tables[folder] = json.loads(sizes.read_text()) if sizes.is_file() else {}
+    return tables[folder]
 
 
 def _pipe_shard(url: str) -> Path | None:
@@ -153,15 +154,44 @@ def _pipe_shard(url: str) -> Path | None:
 
 
 def count_samples(urls: str | list[str]) -> int:
-    """Total samples in all sources (sizes.json if present, else counted from the tars)."""
+    """Total samples in all sources: an epoch's length. A sizes.json is checked against the local
+    shards it describes when they are small enough to count at start (`checked_sizes`)."""
     flat = check_sources_exist(urls)
-    sizes = shard_sizes(flat)
+    sizes = checked_sizes(flat, shard_sizes(flat))
     missing = [u for u, n in zip(flat, sizes) if n is None]
     if missing:
         raise ValueError(f"cannot count the samples of remote shards {missing[:3]}: no sizes.json beside them "
                          "names them; set data.num_samples (samples per epoch, all ranks together) or put a "
                          "sizes.json ({shard name: samples}) beside the shards")
     return sum(n for n in sizes if n is not None)
+
+
+def checked_sizes(urls: list[str], sizes: list[int | None]) -> list[int | None]:
+    """`sizes` with every local shard that a sizes.json describes counted from its tar, where those
+    shards hold at most SIZES_CHECK_MAX_BYTES: a sizes.json that claims more samples than a shard
+    holds would otherwise make an epoch read the data several times over (it is what sets the
+    epoch's length); one warning names the file, the claimed and the real count."""
+    described = {}
+    for url, n in zip(urls, sizes):
+        path = local_path(url) or _pipe_shard(url)
+        if n is not None and path is not None and path.is_file() and (path.parent / SIZES_FILE).is_file():
+            described[url] = path
+    total = sum(p.stat().st_size for p in described.values())
+    if total > SIZES_CHECK_MAX_BYTES:
+        log.info("sizes.json taken as it is: its %d shards (%.1f GiB) are too large to count at start",
+                 len(described), total / 2**30)
+        return sizes
+    real = {url: _count_tar(path) for url, path in described.items()}
+    wrong = [(described[u], n, real[u]) for u, n in zip(urls, sizes) if u in real and real[u] != n]
+    if wrong:
+        files = sorted({str(p.parent / SIZES_FILE) for p, _, _ in wrong})
+        claimed, held = sum(n for _, n, _ in wrong), sum(r for _, _, r in wrong)
+        first = wrong[0]
+        log.warning("%s: claims %d samples for %d shards that hold %d (e.g. %s: %d claimed, %d there); an epoch "
+                    "is what the shards hold: %d samples, not %d", ", ".join(files), claimed, len(wrong), held,
+                    first[0].name, first[1], first[2], sum(real.get(u, n) or 0 for u, n in zip(urls, sizes)),
+                    sum(n or 0 for n in sizes))
+    return [real.get(u, n) for u, n in zip(urls, sizes)]
 
 
 def _parse_weights(weights: str | list[float] | None, n_sources: int) -> list[float] | None:
@@ -222,6 +252,10 @@ class _Skips:
         return True
 
 
+class NoUsableDataError(ValueError):
+    """A rank's shards gave no complete batch: every shard unreadable, every sample skipped."""
+
+
 def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[dict[str, Any]]:
     """Members of each opened tar as {fname, data, __url__}, then {} (webdataset's end-of-shard).
 
@@ -230,21 +264,25 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
     """
     for source in sources:
         url, stream = source["url"], source["stream"]
-        status = "reading"
+        damage, finished = None, False
         try:
             for name, read in tar_members(stream):
                 # "url" too: webdataset's group_by_keys appends it to a grouping error's args
                 yield {"fname": name, "data": read(), "__url__": url, "url": url}
-            status = "done"
+            finished = True
         except Exception as exn:
-            status = "failed"
-            skips.skip("corrupt_tar", url, None, f"{type(exn).__name__}: {exn}")
+            damage = f"{type(exn).__name__}: {exn}"
         finally:
             try:  # a pipe: URL reports its command's exit status here
                 stream.close()
             except Exception as exn:
-                if status == "done":  # not when already counted, nor when closed early on purpose
-                    skips.skip("unreadable_shard", url, None, f"{type(exn).__name__}: {exn}")
+                if finished or damage is not None:  # not when closed early on purpose (the consumer stopped)
+                    # a failed command explains a damaged stream: it is the one reason counted
+                    damage = None
+                    reason = "pipe_failed" if url.startswith("pipe:") else "unreadable_shard"
+                    skips.skip(reason, url, None, f"{type(exn).__name__}: {exn}")
+            if damage is not None:
+                skips.skip("corrupt_tar", url, None, damage)
         yield {}
 
 
@@ -518,7 +556,7 @@ class ShardLoader:
                 yield item
         if s.num_batches is not None and n < s.num_batches:
             if n == 0:
-                raise RuntimeError(
+                raise NoUsableDataError(
                     f"rank {s.rank} yielded 0 of {s.num_batches} batches: no usable data (all its shards "
                     f"unreadable or all samples skipped; skips {dict(self.skip_counts)})")
             log.warning("rank %d: the epoch ends after %d of %d batches: no usable data left (skips %s)",

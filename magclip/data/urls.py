@@ -6,6 +6,8 @@ Free of torch and webdataset, so a run's data paths are checked (and a missing s
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -57,3 +59,44 @@ def check_sources_exist(urls: str | list[str], key: str | None = None) -> list[s
     flat = [u for source in expand_sources(urls) for u in source]
     check_shards_exist(flat, key)
     return flat
+
+
+PIPE_PROBE_TIMEOUT_S = 30.0  # a pipe: command that neither sends data nor exits within this is left to the run
+PIPE_SIGPIPE_STATUS = 141  # a shell's status when the reader closed the pipe (webdataset ignores it too)
+
+
+class PipeFailedError(ValueError):
+    """A `pipe:` shard's command exits with an error before sending any data."""
+
+
+def check_pipes_start(urls: str | list[str], key: str | None = None) -> None:
+    """The first `pipe:` shard of each source, started and read for one block: a command that fails
+    (`pipe:false`, a typo, a missing credential) is a PipeFailedError naming the URL, its exit status
+    and its own stderr, before anything is built; a damaged tar it might send is the reader's to count."""
+    for source in expand_sources(urls):
+        url = next((u for u in source if u.startswith("pipe:")), None)
+        if url is not None:
+            _probe_pipe(url, key)
+
+
+def _probe_pipe(url: str, key: str | None) -> None:
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(url[len("pipe:"):], shell=True, stdout=subprocess.PIPE, stderr=err)
+        try:
+            first = proc.stdout.read(512) if proc.stdout is not None else b""
+            status = proc.wait(PIPE_PROBE_TIMEOUT_S) if not first else None
+        except subprocess.TimeoutExpired:
+            status = None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if status not in (None, 0, PIPE_SIGPIPE_STATUS):
+            err.seek(0)
+            said = " | ".join(line.strip() for line in err.read().decode(errors="replace").splitlines()[-3:]
+                              if line.strip()) or "nothing on stderr"
+            where = f"{key}: " if key else ""
+            raise PipeFailedError(f"{where}{url}: the command exited with status {status} before sending any "
+                                  f"data: {said}")

@@ -28,16 +28,23 @@ the Scorer's *prepared document space* (`class_prototypes`), and an image's scor
   single template it is exactly `prepare_docs(d)`: the class keeps the mean magnitude its texts
   have under the model's own exponent.
 
-Metrics: top-1, top-5 accuracy and mean per-class recall (balanced accuracy over the classes that
+Metrics: top-1, top-5 accuracy (each k up to the number of classes) and mean per-class recall (balanced accuracy over the classes that
 occur in the data), over all samples and again without the samples of chosen class groups (e.g.
 the emoji Flags category); the candidate set is always every class.
 
 Data: webdataset shards read in order, one process. A sample is KEY.{jpg,jpeg,png,webp} +
 KEY.txt (caption, needed for retrieval) + a label for classification: KEY.cls (an integer index
-or a class key) or a field of KEY.json (`label_field`). Undecodable images and corrupt tars are
-skipped and counted (reported in `counts.skipped` and as a warning in the results); a missing
-shard, a shard without captions when retrieval is asked, a sample without a label, or a label that
-the class list does not hold is an error naming the file.
+or a class key) or a field of KEY.json (`label_field`). Or an image folder (ROOT/<class>/<image>,
+torchvision's ImageFolder, CLIP_benchmark's `--dataset_root` layout; `magclip.data.image_folder`):
+classification only, the label is the class folder, the classes default to the folder names.
+Undecodable images and corrupt tars are skipped and counted (reported in `counts.skipped` and as a
+warning in the results); a missing shard, a shard without captions when retrieval is asked, a
+sample without a label, or a label that the class list does not hold is an error naming the file.
+
+Each set may have its own class list and templates (image folders have their own classes;
+CLIP_benchmark's JSON files hold one entry per data set): prototypes are built once per distinct
+(class names, templates), and each classified set records its list in `sets.<set>.classification`
+(the top-level `classification` keeps the fields every set shares, None where they differ).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 import magclip
 from magclip.data.shards import (
@@ -67,6 +75,7 @@ from magclip.data.shards import (
     iter_tar_samples,
 )
 from magclip.data.classes import ClassSet, fill_template
+from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
@@ -80,6 +89,7 @@ from magclip.similarity import Scorer
 log = logging.getLogger("magclip.evaluation.zeroshot")
 
 TASKS = ZEROSHOT_TASKS
+TOP_K = (1, 5)  # classification accuracies reported (each k up to the number of classes)
 
 
 # ============================================================================ data
@@ -95,7 +105,8 @@ class EncodedSet:
     captions: list[str] | None
     labels: Tensor | None  # class indices (int64) when a class list was given
     skipped: dict[str, int]
-    shards: list[str]
+    shards: list[str]  # empty for an image folder
+    files: int | None = None  # image files an image folder indexes (None for shards)
 
 
 def _label_of(members: dict[str, bytes], label_field: str | None, where: str) -> Any:
@@ -114,10 +125,43 @@ def _label_of(members: dict[str, bytes], label_field: str | None, where: str) ->
     return meta[label_field]
 
 
+def _progress(batches, desc: str, skipped: Counter, total: int | None = None):
+    """Batches passed through while a tqdm bar counts the images read, skipped ones included (so an
+    image folder's bar ends at its file count), with the skips so far; hidden when not a terminal."""
+    done = 0
+    with tqdm(total=total, desc=desc, unit="img", dynamic_ncols=True, disable=None) as bar:
+        for batch in batches:
+            bad = sum(skipped.values())
+            bar.update(done + len(batch["keys"]) + bad - bar.n)
+            done += len(batch["keys"])
+            if bad:
+                bar.set_postfix(skipped=bad)
+            yield batch
+        bar.update(done + sum(skipped.values()) - bar.n)
+
+
+@torch.no_grad()
+def encode_image_folder(model: EvalModel, folder: ImageFolderSet, *, batch_size: int = 256,
+                        device: str | torch.device = "cpu", workers: int = 0, desc: str = "encode images",
+                        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> EncodedSet:
+    """Encode every readable image of an image folder with the model's own preprocess (raw
+    features, float32, on CPU); labels are class indices of `folder.classes`. Bad images are
+    skipped and counted by reason, like bad shard samples; none readable at all is an error."""
+    skipped: Counter[str] = Counter()
+    batches = folder.iter_batches(model.preprocess, batch_size, skipped, workers=workers,
+                                  max_image_pixels=max_image_pixels)
+    enc = encode_loader(model.clip, _progress(batches, desc, skipped, total=len(folder)), device, allow_empty=True)
+    if enc is None:
+        raise ValueError(f"no readable image in image folder {folder.root} ({len(folder)} files; skipped: "
+                         f"{dict(skipped) or 'none'})")
+    return EncodedSet(enc["keys"], enc["image_features"], None, None, torch.tensor(enc["labels"], dtype=torch.long),
+                      dict(skipped), [], len(folder))
+
+
 @torch.no_grad()
 def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = True,
                   classes: ClassSet | None = None, label_field: str | None = None, batch_size: int = 256,
-                  device: str | torch.device = "cpu",
+                  device: str | torch.device = "cpu", desc: str = "encode samples",
                   max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> EncodedSet:
     """Read shards in order and encode every usable sample (raw features, float32, on CPU).
 
@@ -162,7 +206,7 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
                 chunk = []
                 yield batch
 
-    enc = encode_loader(model.clip, batches(), device, allow_empty=True)
+    enc = encode_loader(model.clip, _progress(batches(), desc, skipped), device, allow_empty=True)
     if captions:
         uncaptioned = [u for u, (n, c) in per_shard.items() if n and not c]
         if uncaptioned:
@@ -228,14 +272,16 @@ def top_classes(image_features: Tensor, prototypes: Tensor, scorer: Scorer, k: i
 
 def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer: Scorer, classes: ClassSet,
              exclude_groups: Sequence[str] = ()) -> dict[str, Any]:
-    """Metrics over all samples, without each excluded group and all of them, and top-1 per group."""
-    top = top_classes(image_features, prototypes, scorer, k=5)
-    out: dict[str, Any] = {"all": classification_metrics(top, labels, len(classes))}
+    """Metrics over all samples, without each excluded group and all of them, and top-1 per group.
+    Top-k only for k <= the number of classes (a top-5 of 3 classes would always be 1)."""
+    ks = tuple(k for k in TOP_K if k <= len(classes))
+    top = top_classes(image_features, prototypes, scorer, k=max(ks))
+    out: dict[str, Any] = {"all": classification_metrics(top, labels, len(classes), ks)}
     if classes.groups is not None:
         group_of = np.array(classes.groups)[labels.numpy()]
         for g in exclude_groups:
             keep = torch.from_numpy(group_of != g)
-            out[f"without_{g}"] = classification_metrics(top[keep], labels[keep], len(classes))
+            out[f"without_{g}"] = classification_metrics(top[keep], labels[keep], len(classes), ks)
         correct = (top[:, 0] == labels).double().numpy()
         out["per_group_top1"] = {g: float(correct[group_of == g].mean()) for g in sorted(set(group_of.tolist()))}
     return out
@@ -246,76 +292,127 @@ def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer:
 
 def evaluate_zeroshot(
     model: EvalModel,
-    data: Mapping[str, str],
+    data: Mapping[str, str | ImageFolderSet],
     *,
     tasks: Sequence[str] = ("retrieval",),
-    classes: ClassSet | None = None,
-    templates: Sequence[str | Callable[[str], str]] = ("{}",),
+    classes: ClassSet | Mapping[str, ClassSet | None] | None = None,
+    templates: Sequence[str | Callable[[str], str]] | Mapping[str, Sequence[str | Callable[[str], str]]] = ("{}",),
     label_field: str | None = None,
     exclude_groups: Sequence[str] = (),
     set_info: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 256,
     device: str | torch.device = "cpu",
+    workers: int = 0,
     save_embeddings: str | Path | None = None,
     export_index: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `model` on named shard sets; returns the results (writes only embeddings, if asked).
+    """Evaluate `model` on named sets; returns the results (writes only embeddings, if asked).
+
+    data: {set: shard URLs, an image folder's path, or an opened `ImageFolderSet`}. classes and
+    templates: one for every set, or {set: ...} per set; an image folder without a class list of its
+    own is scored against its folder names. `workers`: DataLoader processes reading image folders.
 
     Everything is computed before anything is written; embeddings go to a temporary folder that is
     moved into place whole (one set: `save_embeddings/`; several: `save_embeddings/<set>/`; class
-    texts of classification: `save_embeddings/classes/`). `export_index`: per set with captions, an index of
-    prepared documents per direction (`export_index/<set>/i2t`: the captions, searched by prepared images;
-    `.../t2i`: the images, searched by prepared captions; magclip.evaluation.index).
+    texts of classification: `save_embeddings/classes/`, or `<set>/classes/` when sets have lists of
+    their own). `export_index`: per set with captions, an index of prepared documents per direction
+    (`export_index/<set>/i2t`: the captions, searched by prepared images; `.../t2i`: the images,
+    searched by prepared captions; magclip.evaluation.index).
     """
     tasks = tuple(tasks)
     bad = set(tasks) - set(TASKS)
     if bad or not tasks:
         raise ValueError(f"tasks must be a non-empty subset of {TASKS}, got {tasks}")
     do_cls = "classification" in tasks
-    if do_cls and classes is None:
-        raise ValueError("classification needs a class list")
-    if classes is not None and exclude_groups and classes.groups is None:
-        raise ValueError(f"excluding groups {list(exclude_groups)} needs a group field in the class list {classes.source}")
+    sources: dict[str, str | ImageFolderSet] = {}
+    set_classes: dict[str, ClassSet] = {}
+    set_templates: dict[str, list[str | Callable[[str], str]]] = {}
+    for name, src in data.items():
+        given = classes.get(name) if isinstance(classes, Mapping) else classes
+        root = src.root if isinstance(src, ImageFolderSet) else resolve_image_folder(src, f"data set {name}")
+        if root is not None:
+            if "retrieval" in tasks:
+                raise ValueError(f"data set {name}: {root} is an image folder (no captions): task classification only")
+            src = src if isinstance(src, ImageFolderSet) else ImageFolderSet.open(root, given)
+            given = src.classes
+        elif do_cls and given is None:
+            raise ValueError(f"classification of data set {name} ({src}) needs a class list")
+        sources[name] = src
+        if do_cls:
+            assert given is not None
+            if exclude_groups and given.groups is None:
+                raise ValueError(f"excluding groups {list(exclude_groups)} needs a group field in the class list "
+                                 f"{given.source} (data set {name})")
+            set_classes[name] = given
+            if isinstance(templates, Mapping):
+                if name not in templates:
+                    raise ValueError(f"no templates for data set {name} (templates given for {sorted(templates)})")
+                set_templates[name] = list(templates[name])
+            else:
+                set_templates[name] = list(templates)
     model.clip.to(device).eval()
-    templates = list(templates)
-    proto, class_feats = None, None
-    if do_cls:
-        assert classes is not None
-        class_feats = class_text_features(model, classes.names, templates, batch_size=batch_size, device=device)
-        proto = class_prototypes(class_feats, model.scorers["i2t"])
+
+    # prototypes once per distinct (class names, templates): a shared list is encoded once
+    text_feats: dict[tuple, tuple[Tensor, Tensor]] = {}
+    set_proto: dict[str, tuple] = {}
+    for name, cs in set_classes.items():
+        key = (tuple(cs.names), tuple(fill_template(t, "{}") for t in set_templates[name]))
+        if key not in text_feats:
+            feats = class_text_features(model, cs.names, set_templates[name], batch_size=batch_size, device=device)
+            text_feats[key] = (feats, class_prototypes(feats, model.scorers["i2t"]))
+        set_proto[name] = key
+
     sets: dict[str, Any] = {}
     encoded: dict[str, EncodedSet] = {}
-    for name, urls in data.items():
-        log.info("encoding %s (%s)", name, urls)
-        enc = encode_shards(model, urls, captions="retrieval" in tasks, classes=classes if do_cls else None,
-                            label_field=label_field, batch_size=batch_size, device=device)
-        entry: dict[str, Any] = {"data": urls, **(set_info or {}).get(name, {})}
+    for name, src in sources.items():
+        folder = src if isinstance(src, ImageFolderSet) else None
+        if folder is not None:
+            log.info("encoding %s (image folder %s: %d files, %d classes)", name, folder.root, len(folder),
+                     len(folder.folders))
+            enc = encode_image_folder(model, folder, batch_size=batch_size, device=device, workers=workers,
+                                      desc=f"encode {name}")
+        else:
+            log.info("encoding %s (%s)", name, src)
+            enc = encode_shards(model, src, captions="retrieval" in tasks, classes=set_classes.get(name),
+                                label_field=label_field, batch_size=batch_size, device=device, desc=f"encode {name}")
+        entry: dict[str, Any] = {"data": str(folder.root) if folder is not None else src, **(set_info or {}).get(name, {})}
         metrics: dict[str, Any] = {}
         if "retrieval" in tasks:
             assert enc.text_features is not None and enc.captions is not None
             metrics["retrieval"] = retrieval_from_features(enc.image_features, enc.text_features, enc.captions,
                                                            model.scorers)
         if do_cls:
-            assert classes is not None and proto is not None and enc.labels is not None
-            metrics["classification"] = classify(enc.image_features, enc.labels, proto, model.scorers["i2t"],
-                                                 classes, exclude_groups)
+            assert enc.labels is not None
+            cs = set_classes[name]
+            metrics["classification"] = classify(enc.image_features, enc.labels, text_feats[set_proto[name]][1],
+                                                 model.scorers["i2t"], cs, exclude_groups)
+            entry["classification"] = _class_record(cs, set_templates[name],
+                                                    "class folder" if folder else label_field or "KEY.cls")
+            if folder is not None:  # which name each folder was scored as (positional lists are easy to misalign)
+                entry["classification"]["folder_classes"] = {f: cs.names[i] for f, i in zip(folder.folders, folder.labels)}
         entry["metrics"] = metrics
-        entry["counts"] = {"samples": len(enc.keys), "shards": len(enc.shards), "skipped": enc.skipped,
-                           "skipped_total": sum(enc.skipped.values())}
+        entry["counts"] = {"samples": len(enc.keys),
+                           **({"files": enc.files} if folder is not None else {"shards": len(enc.shards)}),
+                           "skipped": enc.skipped, "skipped_total": sum(enc.skipped.values())}
         if do_cls:
-            entry["counts"]["classes"] = len(classes)  # type: ignore[arg-type]
+            entry["counts"]["classes"] = len(set_classes[name])
         if "retrieval" in tasks:
             entry["counts"]["unique_captions"] = metrics["retrieval"]["num_unique_captions"]
         if enc.skipped:
-            entry["warning"] = f"{sum(enc.skipped.values())} samples/shards skipped: {enc.skipped}"
+            what = "images" if folder is not None else "samples/shards"
+            entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
         sets[name] = entry
         encoded[name] = enc
 
+    shared: dict[str, Any] = {}
+    if do_cls:  # the list every set shares (else None here, and each set's own under sets.<set>.classification)
+        records = [{k: v for k, v in s["classification"].items() if k != "folder_classes"} for s in sets.values()]
+        shared = {k: (v if all(r[k] == v for r in records) else None) for k, v in records[0].items()}
     results: dict[str, Any] = {
         "model": model.model_name,
         "checkpoint": model.source.get("checkpoint"),
         "pretrained": model.source.get("pretrained"),
-        "data": {name: urls for name, urls in data.items()},
+        "data": {name: entry["data"] for name, entry in sets.items()},
         "scorers": {d: s.to_dict() for d, s in model.scorers.items()},
         "scorers_from": model.source.get("scorers_from"),
         "logit_scale": model.source.get("logit_scale"),  # recorded only; rankings do not depend on it
@@ -323,8 +420,7 @@ def evaluate_zeroshot(
         "tasks": list(tasks),
         "retrieval_matching": "caption identity" if "retrieval" in tasks else None,
         "classification": None if not do_cls else {
-            "classes": classes.source, "num_classes": len(classes), "key_field": classes.key_field,  # type: ignore[union-attr]
-            "label_field": label_field or "KEY.cls", "templates": [fill_template(t, "{}") for t in templates],
+            **shared,
             "prototype_rule": ("normalize, mean, renormalize (open_clip)" if model.scorers["i2t"].gamma_d == 1.0
                                else "mean of prepare_docs(template features)"),
             "scored_with": "i2t", "excluded_groups": list(exclude_groups)},
@@ -333,11 +429,19 @@ def evaluate_zeroshot(
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if save_embeddings is not None:
-        _save_embeddings(Path(save_embeddings), encoded, classes if do_cls else None, class_feats, templates)
+        class_texts = {name: (set_classes[name], text_feats[set_proto[name]][0], set_templates[name])
+                       for name in set_classes}
+        _save_embeddings(Path(save_embeddings), encoded, class_texts)
         results["embeddings"] = str(save_embeddings)
     if export_index is not None:
         results["index"] = _export_indexes(Path(export_index), encoded, model.scorers)
     return results
+
+
+def _class_record(classes: ClassSet, templates: Sequence[Any], label_field: str) -> dict[str, Any]:
+    """What one set was classified against: the list, its size, how labels matched it, the templates."""
+    return {"classes": classes.source, "num_classes": len(classes), "key_field": classes.key_field,
+            "label_field": label_field, "templates": [fill_template(t, "{}") for t in templates]}
 
 
 def _export_indexes(root: Path, encoded: Mapping[str, EncodedSet], scorers: Mapping[str, Scorer]) -> dict[str, str]:
@@ -354,11 +458,15 @@ def _export_indexes(root: Path, encoded: Mapping[str, EncodedSet], scorers: Mapp
     return out
 
 
-def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: ClassSet | None,
-                     class_feats: Tensor | None, templates: Sequence[Any]) -> None:
+def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet],
+                     class_texts: Mapping[str, tuple[ClassSet, Tensor, Sequence[Any]]]) -> None:
+    """class_texts: {set: (class list, [C, T, D] raw features, templates)}; one shared list is written
+    once (`classes/`), lists of their own per set (`<set>/classes/`)."""
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}.", suffix=".tmp"))
     tmp.chmod(umask_mode("dir"))
+    distinct = {(tuple(c.names), tuple(c.keys), tuple(fill_template(t, "{}") for t in tp))
+                for c, _, tp in class_texts.values()}
     try:
         for name, enc in encoded.items():
             folder = tmp if len(encoded) == 1 else tmp / name
@@ -370,17 +478,20 @@ def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet], classes: Cla
             (folder / "keys.txt").write_text("".join(k + "\n" for k in enc.keys))
             if enc.labels is not None:
                 np.save(folder / "labels.npy", enc.labels.numpy())
-        if classes is not None and class_feats is not None:
-            folder = tmp / "classes"
-            folder.mkdir()
-            np.save(folder / "class_text_features.npy", class_feats.numpy())  # [C, T, D] raw
-            (folder / "class_names.jsonl").write_text("".join(json.dumps(n) + "\n" for n in classes.names))
-            (folder / "class_keys.txt").write_text("".join(k + "\n" for k in classes.keys))
-            (folder / "templates.jsonl").write_text("".join(json.dumps(fill_template(t, "{}")) + "\n" for t in templates))
+            if name in class_texts and (len(distinct) > 1 or not (tmp / "classes").exists()):
+                _save_class_texts(tmp / "classes" if len(distinct) == 1 else folder / "classes", *class_texts[name])
         publish_dir(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _save_class_texts(folder: Path, classes: ClassSet, feats: Tensor, templates: Sequence[Any]) -> None:
+    folder.mkdir(parents=True)
+    np.save(folder / "class_text_features.npy", feats.numpy())  # [C, T, D] raw
+    (folder / "class_names.jsonl").write_text("".join(json.dumps(n) + "\n" for n in classes.names))
+    (folder / "class_keys.txt").write_text("".join(k + "\n" for k in classes.keys))
+    (folder / "templates.jsonl").write_text("".join(json.dumps(fill_template(t, "{}")) + "\n" for t in templates))
 
 
 # ============================================================================ table
@@ -420,9 +531,14 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
                     lines.append(f"| {name} | {s.get('domain', '')} | {col} | {_pct(m['top1'])} | "
                                  f"{_pct(m.get('top5'))} | {_pct(m['mean_per_class_recall'])} | "
                                  f"{m['num_samples']} |")
-        lines.append(f"\n{cls.get('num_classes')}-way classification over {cls.get('classes')} "
-                     f"(chance top-1 {100 / max(1, cls.get('num_classes') or 1):.3f} %), prototypes: "
-                     f"{cls.get('prototype_rule')}.")
+        shared = cls.get("classes") is not None and cls.get("num_classes") is not None
+        lists = ([(None, cls)] if shared else
+                 [(name, s["classification"]) for name, s in sets.items() if s.get("classification")])
+        lines.append("")
+        for name, c in lists:
+            lines.append(f"{name + ': ' if name else ''}{c.get('num_classes')}-way classification over "
+                         f"{c.get('classes')} (chance top-1 {100 / max(1, c.get('num_classes') or 1):.3f} %), "
+                         f"prototypes: {cls.get('prototype_rule')}.")
     lines.append("Recall/accuracy in %; retrieval hits by caption identity (identical captions count as one).")
     warnings = [f"{n}: {s['warning']}" for n, s in sets.items() if s.get("warning")]
     if warnings:
@@ -446,6 +562,7 @@ __all__ = [
     "class_prototypes",
     "class_text_features",
     "classify",
+    "encode_image_folder",
     "encode_shards",
     "encode_texts",
     "evaluate_zeroshot",

@@ -373,15 +373,23 @@ def _model_max_length(tokenizer, model) -> int:
     return int(min(limit, 512))
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what transformers reads from a folder, in its order
+
+
 def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
-    """`AutoModel.from_pretrained`, whose weights_only refusal of an unsafe weights file names the folder.
+    """`AutoModel.from_pretrained`, whose refusal of an unsafe weights file, and whose failure on a truncated
+    or foreign one (a bare SafetensorError or zip-reader error), become one error naming the weights file.
     Remote code stays off (transformers' default): a model folder is user input."""
+    from safetensors import SafetensorError
     from transformers import AutoModel
 
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
-    except pickle.UnpicklingError as exn:
-        raise load_error(path, exn) from None
+    except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:
+        error = load_error(next((Path(path) / f for f in WEIGHT_FILES if (Path(path) / f).is_file()), path), exn)
+        if error is None or (isinstance(exn, RuntimeError) and "PytorchStreamReader" not in str(exn)):
+            raise  # not about the file's bytes: a missing file, a shape mismatch
+        raise error from None
 
 
 def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:

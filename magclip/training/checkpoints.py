@@ -12,6 +12,7 @@ from it in a key that changes the experiment is refused (`magclip.config.RESUMAB
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import shutil
@@ -28,13 +29,37 @@ from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recove
 
 log = logging.getLogger("magclip.training.checkpoints")
 
+CHECKPOINTS_DIR = "checkpoints"  # RUN/checkpoints
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
 
 
-class CheckpointWriteError(OSError):
+class RunWriteError(OSError):
+    """A file of the run (metrics.jsonl, tensorboard events, results.json, a checkpoint) could not be
+    written: disk full, I/O error. The message names the file and what the run can be continued from."""
+
+    def __str__(self) -> str:  # the message alone, not "[Errno 28] ...": the errno stays in .errno
+        return self.strerror if self.errno else super().__str__()
+
+
+class CheckpointWriteError(RunWriteError):
     """A checkpoint could not be written (disk full, I/O error); the previous one is untouched."""
+
+
+def run_write_error(path: Path | str, exn: BaseException, after: str) -> RunWriteError:
+    """One error naming `path`, the cause (disk full when ENOSPC), the OS's own words and `after`
+    (what is intact, what to run next); the errno stays visible to callers."""
+    code = exn.errno if isinstance(exn, OSError) else None
+    reason = "disk full" if code == errno.ENOSPC else "disk full or not writable?"
+    return RunWriteError(code, f"could not write {path} ({reason}): {type(exn).__name__}: {exn}; {after}")
+
+
+def resume_hint(ckpt_dir: Path, then: str = "continue with train.resume=latest") -> str:
+    """What a run that stopped on a failed write can be continued from, and how."""
+    step = latest_step(ckpt_dir)
+    return (f"the last checkpoint {step} is complete: free space and {then}"
+            if step else f"no checkpoint was written in {ckpt_dir}")
 
 
 class ResumeConfigError(ConfigError):

@@ -189,7 +189,8 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
     final = engine.unwrapped
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(engine)),
-        "train_data": train_urls, "val_data": val_urls, "matching": "caption identity",
+        "train_data": train_urls, "train_samples_per_epoch": num_samples, "val_data": val_urls,
+        "matching": "caption identity",
         "loss_type": cfg.loss.type, "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "logit_bias": final.logit_bias.value if final.logit_bias is not None else None,
         **loop_record(engine, state, skipped, t0), "metrics": metrics, "eval_sets": eval_sets,

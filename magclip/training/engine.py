@@ -49,7 +49,9 @@ from magclip.config import TrainConfig
 from magclip.distributed import naming_lost_ranks
 from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.checkpoints import (
+    CHECKPOINTS_DIR,
     CheckpointWriteError,
+    RunWriteError,
     Checkpointer,
     get_rng_state,
     resolve_resume,
@@ -58,7 +60,7 @@ from magclip.training.checkpoints import (
 )
 from magclip.training.metrics_log import MetricsLog
 
-__all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "TrainModule", "make_accelerator"]
+__all__ = ["CheckpointWriteError", "Engine", "RunWriteError", "LoopState", "NonFiniteLossError", "TrainModule", "make_accelerator"]
 
 log = logging.getLogger("magclip.training.engine")
 
@@ -222,9 +224,9 @@ class Engine:
             log.info("speed levers: %s", "; ".join(f"{k}: {v}" for k, v in self.levers.items()))
         self.state = LoopState()
         self._recent_losses: deque[torch.Tensor] = deque(maxlen=RECENT_LOSS_STEPS)
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.ckpt_dir = run_dir / CHECKPOINTS_DIR
         self.checkpointer = Checkpointer(self.ckpt_dir, save_model, run_config)
-        self.metrics = MetricsLog(run_dir, enabled=accelerator.is_main_process)
+        self.metrics = MetricsLog(run_dir, accelerator.is_main_process, cfg.report_to, run_config)  # train.report_to
         self._log_norms: list[torch.Tensor] | None = None  # mean feature norms of a logged step (0-d tensors)
 
     @property

@@ -26,7 +26,15 @@ from magclip import distributed
 from magclip.config import ConfigError, dump_config, flatten, to_dict
 from magclip.io import atomic_write_json, umask_mode
 from magclip.metrics.ranks import save_per_query_ranks
-from magclip.training.checkpoints import check_resume_config, latest_step, resolve_resume, tidy_interrupted_writes
+from magclip.training.checkpoints import (
+    CHECKPOINTS_DIR,
+    check_resume_config,
+    latest_step,
+    resolve_resume,
+    resume_hint,
+    run_write_error,
+    tidy_interrupted_writes,
+)
 from magclip.training.engine import Engine, LoopState
 
 LOCK_FILE = ".magclip.lock"  # "pid host" of the process that trains into the folder
@@ -49,7 +57,7 @@ def prepare_run_dir(cfg: Any, accelerator: Accelerator) -> Path:
     same config (`check_same_config`). Nothing is written before every check has passed."""
     check_same_config(cfg, accelerator)
     run_dir = cfg.run_dir
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = run_dir / CHECKPOINTS_DIR
     if accelerator.is_main_process:
         _refuse_if_busy(run_dir)
         if cfg.train.resume is not None:
@@ -189,8 +197,14 @@ def write_results(results: dict[str, Any], run_dir: Path, accelerator: Accelerat
     """Stamp the date and write results.json atomically (main process); every process returns it."""
     results["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if accelerator.is_main_process:
-        save_per_query_ranks(results, run_dir / "results.json")  # results.ranks.npz, before results.json
-        atomic_write_json(run_dir / "results.json", results)
+        try:
+            save_per_query_ranks(results, run_dir / "results.json")  # results.ranks.npz, before results.json
+            atomic_write_json(run_dir / "results.json", results)
+        except OSError as exn:
+            release_run_dir(run_dir, accelerator)
+            raise run_write_error(run_dir / "results.json", exn, "training finished; " + resume_hint(
+                run_dir / CHECKPOINTS_DIR, then="run the same command with train.resume=latest: it evaluates that "
+                "checkpoint again and writes the results")) from exn
     release_run_dir(run_dir, accelerator)
     with distributed.naming_lost_ranks("the end of the run"):
         accelerator.wait_for_everyone()

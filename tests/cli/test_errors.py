@@ -4,6 +4,7 @@ code, without a traceback; --debug shows the traceback."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -29,6 +30,8 @@ def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     (["eval/beir.py", "--data", "no_such_dir", "--out", "r.json"], "error: BEIR folder not found: no_such_dir"),
     (["eval/sts.py", "--data", "no_such.tsv", "--out", "r.json"], "error: --data no_such.tsv: not found"),
     (["train/text.py", "data.beir=no_such_dir", "data.train=null"], "error: data.beir: not found: no_such_dir"),
+    (["train/clip.py", "data.train=pipe:false", "data.num_samples=16"],  # issue row 9.14
+     "error: data.train: pipe:false: the command exited with status 1 before sending any data"),
 ])
 def test_expected_errors_are_one_line_with_exit_code_2(args, message, tmp_path):
     proc = run(*[str(ROOT / a) if a.endswith((".py", ".yaml")) else a for a in args], cwd=tmp_path)
@@ -105,3 +108,43 @@ def test_an_unreachable_hub_name_is_one_line_naming_the_cache(overrides, tmp_pat
     last = proc.stderr.strip().splitlines()[-1]
     assert "is not in the local hub cache" in last and str(tmp_path / "hf") in last and "model.pretrained=" in last
     assert "HubUnavailableError" in last
+
+
+
+def test_a_refusal_inside_a_process_group_exits_2_every_time(tmp_path):
+    """Issue row 7.04: ranks that refuse their input after the gloo group is up used to die of SIGABRT
+    in about half the launches ("terminate called without an active exception" while the group was
+    torn down at exit). 3 torchrun launches of 2 ranks at once (7 of 8 catch a 50 % abort); torchrun's report gives each failed
+    rank's exit code, and every one must be 2."""
+    from builders import free_port
+
+    script = ROOT / "tests" / "cli" / "refuse_in_group.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    launches = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                  "--master_port", str(free_port()), str(script)], env=env, cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    for proc in launches:
+        out, _ = proc.communicate(timeout=120)
+        codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
+        assert "terminate called" not in out and codes and set(codes) <= {"2"}, out[-3000:]
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A read-only tmpfs mount (root only); skipped where mounting is impossible."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("script", ["train/clip.py", "train/text.py"])
+def test_output_dir_on_a_read_only_mount_is_one_line_before_anything_is_built(read_only_folder, script, tmp_path):
+    """Issue row 3.08: an output_dir on a read-only mount ended in a traceback (Errno 30) at the first write."""
+    proc = run(str(ROOT / script), f"output_dir={read_only_folder / 'runs'}", "name=x", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: output_dir: cannot write to {read_only_folder / 'runs' / 'x'} ({read_only_folder}, ")

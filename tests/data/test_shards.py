@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from magclip.data.shards import build_clip_loader, count_samples, iter_tar_samples
+from magclip.data.shards import NoUsableDataError, build_clip_loader, count_samples, iter_tar_samples
+from magclip.data.urls import PipeFailedError, check_pipes_start
 from builders import good, png, write_tar
 
 PRE = T.Compose([T.Resize((16, 16)), T.ToTensor()])
@@ -296,7 +297,7 @@ def test_bad_data_fixed_epoch_still_exact(bad_shards: str) -> None:
 
 def test_worker_without_usable_data_raises(tmp_path: Path) -> None:
     (tmp_path / "x-000.tar").write_bytes(b"not a tar" * 100)
-    with pytest.raises(RuntimeError, match="yielded 0 of 2 batches"):
+    with pytest.raises(NoUsableDataError, match="yielded 0 of 2 batches"):  # bad input: one line, exit 2
         list(build_clip_loader(str(tmp_path / "x-000.tar"), preprocess=PRE, tokenizer=TOK, batch_size=2,
                                num_samples=4))
 
@@ -327,3 +328,25 @@ def test_a_folder_stands_for_its_shards(tmp_path):
     empty.mkdir()
     with pytest.raises(ValueError, match="is a folder without .tar shards"):
         check_sources_exist(str(empty))
+
+
+def test_a_failing_pipe_command_is_named_with_its_own_error_before_the_run(tmp_path: Path) -> None:
+    """Issue row 9.14: `pipe:false` ended in a traceback counted as corrupt_tar. The first pipe: shard of
+    each source is started at the input check: a command that fails is named with its status and stderr."""
+    with pytest.raises(PipeFailedError, match=r"^data.train: pipe:false: the command exited with status 1 before"):
+        check_pipes_start("pipe:false", "data.train")
+    missing = tmp_path / "none.tar"
+    with pytest.raises(PipeFailedError, match=f"pipe:cat {missing}: .*status 1.*No such file or directory"):
+        check_pipes_start(f"pipe:cat {missing}", "data.train")
+    make_shards(tmp_path, "p", num_shards=1, per_shard=3)
+    check_pipes_start(f"pipe:cat {tmp_path}/p-000.tar", "data.train")  # a working command: no error
+
+
+def test_a_pipe_that_fails_during_the_run_is_counted_as_such(tmp_path: Path) -> None:
+    """A pipe: shard whose command fails after the start (shard 1 is not there) is counted once as
+    pipe_failed, not as a damaged tar; the other shard's samples train."""
+    make_shards(tmp_path, "p", num_shards=1, per_shard=4)
+    loader = build_clip_loader(f"pipe:cat {tmp_path}/p-{{000..001}}.tar", preprocess=PRE, tokenizer=TOK,
+                               batch_size=2, num_samples=None, shuffle=False)
+    assert sum(len(b["keys"]) for b in loader) == 4
+    assert loader.skip_counts == Counter({"pipe_failed": 1})

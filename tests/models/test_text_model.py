@@ -157,3 +157,21 @@ def test_crafted_weights_in_a_model_folder_are_refused_and_run_nothing(tmp_path)
     with pytest.raises(UnsafeFileError, match=f"refusing to load {folder}"):
         BiEncoder.from_pretrained(folder)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("weights_file", ["model.safetensors", "pytorch_model.bin"])
+def test_a_truncated_weights_file_is_named_as_damaged(tmp_path, weights_file):
+    """Issue row 8.06: a model folder whose weights were cut in half raised a bare SafetensorError
+    (or the zip reader's error) that named no file; every text command loads through here."""
+    from safetensors.torch import load_file
+
+    from magclip.io import DamagedFileError
+
+    folder = make_tiny_bert(tmp_path / "model")
+    if weights_file == "pytorch_model.bin":
+        torch.save(load_file(str(folder / "model.safetensors")), folder / weights_file)
+        (folder / "model.safetensors").unlink()
+    path = folder / weights_file
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
+        BiEncoder.from_pretrained(folder)

@@ -36,6 +36,7 @@ import torch
 from torchvision import transforms as T
 
 import magclip.io
+import magclip.training.engine
 from magclip.training import clip as clip_training
 from magclip.training.clip import CLIPTrainModule, train_clip
 from magclip.config import load_config
@@ -494,6 +495,107 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, clean_shards, monkeypatc
     armed.clear()
     assert train_clip(load_config(None, [*args, "train.resume=latest"]))["steps"] == STEPS
     assert latest_name(run_dir) == "step_00000004"
+
+
+def fill_open_file(path: Path) -> None:
+    """The file this process holds open at `path` now writes to /dev/full (ENOSPC in the kernel, as
+    when the disk fills while it is open)."""
+    fds = [int(fd) for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == str(path)]
+    assert fds, f"{path} is not open"
+    full = os.open("/dev/full", os.O_WRONLY)
+    for fd in fds:
+        os.dup2(full, fd)
+    os.close(full)
+
+
+def fill_tensorboard_folder(monkeypatch, folder: Path) -> None:
+    """tensorboard's writer thread opens its event file for every write: from now on, files it opens
+    under `folder` are /dev/full."""
+    import io
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    class FullDisk:
+        @staticmethod
+        def open(name, mode="r", *args, **kwargs):
+            return io.open("/dev/full" if os.fsdecode(name).startswith(str(folder)) else name, mode, *args, **kwargs)
+
+    monkeypatch.setattr(gfile, "io", FullDisk)
+
+
+@needs_dev_full
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # no thread traceback either
+@pytest.mark.parametrize("target", ["metrics.jsonl", "tensorboard"])
+def test_disk_full_while_writing_metrics(tmp_path, clean_shards, monkeypatch, target):
+    """Issue rows 9.01: the disk fills after the checkpoint of step 2, while metrics.jsonl or the
+    tensorboard events are open: one error naming the file and 'disk full', the lines written before
+    it intact, the checkpoint named for a resume, and the resume completes the run."""
+    full = [True]
+
+    class FillingEngine(clip_training.Engine):
+        def save_checkpoint(self):
+            step = super().save_checkpoint()
+            if full and self.state.step == 2:
+                if target == "tensorboard":
+                    fill_tensorboard_folder(monkeypatch, self.run_dir / target)
+                else:
+                    fill_open_file(self.run_dir / target)
+            return step
+
+    monkeypatch.setattr(clip_training, "Engine", FillingEngine)
+    args = checkpointed(tmp_path, "full", clean_shards)
+    with pytest.raises(magclip.training.engine.RunWriteError) as err:
+        train_clip(load_config(None, args))
+    run_dir = tmp_path / "full"
+    msg = str(err.value)
+    assert msg.startswith(f"could not write {run_dir / target} (disk full): ") and err.value.errno == errno.ENOSPC
+    assert f"the last checkpoint {run_dir / 'checkpoints' / 'step_00000002'} is complete" in msg
+    assert "train.resume=latest" in msg
+    assert [r["step"] for r in train_records(run_dir)] == [1, 2] + ([3] if target == "tensorboard" else [])
+    assert_complete_checkpoint(run_dir / "checkpoints" / "step_00000002", 2)
+
+    full.clear()  # space freed: the run continues from the intact checkpoint
+    monkeypatch.undo()
+    assert train_clip(load_config(None, [*args, "train.resume=latest"]))["steps"] == STEPS
+    assert [r["step"] for r in train_records(run_dir)][-1] == STEPS
+
+
+@needs_dev_full
+def test_disk_full_while_writing_results_says_how_to_write_them_again(tmp_path, clean_shards, monkeypatch):
+    """Issue row 9.02: results.json cannot be written at the end: one error naming it, the final
+    checkpoint complete, and `train.resume=latest` on the finished run evaluates it and writes them."""
+    armed = fill_disk(monkeypatch, "results.json")
+    armed.append(True)
+    args = checkpointed(tmp_path, "full", clean_shards)
+    with pytest.raises(magclip.training.engine.RunWriteError) as err:
+        train_clip(load_config(None, args))
+    run_dir = tmp_path / "full"
+    msg = str(err.value)
+    assert msg.startswith(f"could not write {run_dir / 'results.json'} (disk full): ")
+    assert f"training finished; the last checkpoint {run_dir / 'checkpoints' / 'step_00000004'} is complete" in msg
+    assert not (run_dir / "results.json").exists() and not (run_dir / ".magclip.lock").exists()
+    assert_complete_checkpoint(run_dir / "checkpoints" / "step_00000004", STEPS)
+
+    armed.clear()
+    weights = load_weights(run_dir / "checkpoints" / "step_00000004" / WEIGHTS_FILE)
+    results = train_clip(load_config(None, [*args, "train.resume=latest"]))
+    assert results["steps"] == STEPS and json.loads((run_dir / "results.json").read_text())["steps"] == STEPS
+    assert max_difference(weights, load_weights(run_dir / "checkpoints" / "step_00000004" / WEIGHTS_FILE)) == 0  # no step taken
+
+
+def test_a_sizes_json_that_overclaims_does_not_repeat_the_data(tmp_path, caplog):
+    """Issue row 9.12: a sizes.json claiming 10x the samples the shards hold made "1 epoch" 40 steps,
+    each sample trained 10 times, without a word. The epoch is what the shards hold, and one warning
+    names the sizes.json with the claimed and the real count."""
+    for s in range(2):
+        write_tar(tmp_path / f"c-{s}.tar", [m for i in range(32) for m in good(f"c{s}{i:02d}")])
+    (tmp_path / "sizes.json").write_text(json.dumps({"c-0.tar": 320, "c-1.tar": 320}))
+    with caplog.at_level("WARNING", logger="magclip.data"):
+        results = train_clip(load_config(None, overrides(tmp_path / "runs", "sizes", str(tmp_path / "c-{0..1}.tar"))))
+    assert results["steps"] == STEPS and results["train_samples_per_epoch"] == 64
+    warnings = [r.getMessage() for r in caplog.records if "sizes.json" in r.getMessage()]
+    assert len(warnings) == 1 and str(tmp_path / "sizes.json") in warnings[0], warnings
+    assert "claims 640 samples for 2 shards that hold 64" in warnings[0]
 
 
 # ----------------------------------------------------------------------------- row 10: wrong model config
