@@ -97,6 +97,18 @@ def run_open_clip(a, recipe: dict, urls: str, n: int, seed: int, work: Path) -> 
             "samples_per_s": child.get("samples_per_s")}
 
 
+def reused_open_clip(recipe: dict, seed: int, work: Path) -> dict[str, Any]:
+    """The open_clip_train run of `seed` that an earlier untagged benchmark left in `work`."""
+    ckpt = work / "open_clip_train" / f"seed{seed}" / "checkpoints" / f"epoch_{recipe['epochs']}.pt"
+    child = work / f"open_clip_seed{seed}.json"
+    if not ckpt.is_file() or not child.is_file():
+        raise SystemExit(f"--reuse-open-clip: no open_clip_train run of seed {seed} in {work} ({ckpt}); run the "
+                         "benchmark without --tag first")
+    timing = json.loads(child.read_text())
+    return {"weights": str(ckpt), "wall_s": None, "steps": timing.get("steps"),
+            "samples_per_s": timing.get("samples_per_s"), "reused_from": str(work)}
+
+
 def _run(cmd: list[str], threads: int, log_path: Path) -> float:
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -230,6 +242,9 @@ def main() -> None:
     p.add_argument("--open-clip-python", type=Path, default=DEFAULT_OC_PY)
     p.add_argument("--work", type=Path, default=Path("/tmp/magclip_bench_quality"))
     p.add_argument("--tiny", action="store_true", help="2 seeds, 1 epoch: checks the pipeline, not the gap")
+    p.add_argument("--reuse-open-clip", action="store_true",
+                   help="an ablation of magclip only: take open_clip_train's checkpoints of the same seeds from the "
+                        "untagged run's work folder instead of training them again (its recipe is unchanged)")
     a = p.parse_args()
     if not a.open_clip_python.is_file():
         raise SystemExit(f"SKIP: no open_clip_train environment at {a.open_clip_python}; run bash "
@@ -239,7 +254,7 @@ def main() -> None:
         a.seeds, recipe["epochs"], recipe["warmup"] = 2, 1, 5
     urls, n = resolve_data(a.data)
     steps = open_clip_steps(n, recipe["batch"], a.workers, recipe["epochs"])
-    work = a.work / (a.data + (f"_{a.tag}" if a.tag else ""))
+    work = a.work / (a.data + (f"_{a.tag}" if a.tag else "") + ("_tiny" if a.tiny else ""))
     work.mkdir(parents=True, exist_ok=True)
     print(f"{a.data}: {n} samples, {steps} steps per run, {a.seeds} seeds; overrides {a.magclip_override}", flush=True)
     cells = eval_cells(a, a.data)
@@ -248,8 +263,12 @@ def main() -> None:
         order = ("magclip", "open_clip_train") if seed % 2 == 0 else ("open_clip_train", "magclip")
         run: dict[str, Any] = {"seed": seed}
         for who in order:
-            trained = (run_magclip(a, recipe, urls, steps, seed, work) if who == "magclip"
-                       else run_open_clip(a, recipe, urls, n, seed, work))
+            if who == "magclip":
+                trained = run_magclip(a, recipe, urls, steps, seed, work)
+            elif a.reuse_open_clip:
+                trained = reused_open_clip(recipe, seed, a.work / a.data)
+            else:
+                trained = run_open_clip(a, recipe, urls, n, seed, work)
             trained["hits"] = score(trained["weights"], a, cells)
             run[who] = trained
             print(f"seed {seed} {who}: {trained['wall_s']} s, samples/s {trained['samples_per_s']}", flush=True)
@@ -258,7 +277,8 @@ def main() -> None:
     report = {"data": a.data, "recipe": recipe, "steps": steps, "seeds": a.seeds, "tag": a.tag,
               "magclip_overrides": a.magclip_override, "machine": machine_info(a.threads),
               "speed": {"ratio_samples_per_s": ratio_rate,
-                        "ratio_wall": statistics.median(r["open_clip_train"]["wall_s"] / r["magclip"]["wall_s"] for r in runs)},
+                        "ratio_wall": statistics.median(r["open_clip_train"]["wall_s"] / r["magclip"]["wall_s"]
+                                                        for r in runs) if not a.reuse_open_clip else math.nan},
               "stats": paired(runs),
               "runs": [{"seed": r["seed"], **{w: {k: v for k, v in r[w].items() if k != "hits"}
                                               for w in ("magclip", "open_clip_train")}} for r in runs]}
