@@ -120,11 +120,12 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
 
 
 def _in_process_group() -> bool:
+    """A process group is up (never imports torch for a command that did not)."""
     if "torch.distributed" not in sys.modules:
         return False
-    import torch.distributed as dist
+    from magclip.distributed import is_distributed
 
-    return dist.is_available() and dist.is_initialized()
+    return is_distributed()
 
 
 def _exit_now(code: int) -> None:

@@ -124,18 +124,22 @@ SIZES_FILE = "sizes.json"  # {shard name: samples} beside the shards (open_clip'
 SIZES_CHECK_MAX_BYTES = 2**30  # local shards up to this size are counted at start to check sizes.json
 
 
-def shard_sizes(urls: list[str]) -> list[int | None]:
+def shard_sizes(urls: list[str], check_claims: bool = False) -> list[int | None]:
     """Samples per shard from a `sizes.json` beside the shards (open_clip's convention), else by
     reading the tar; for a `pipe:` URL whose command names a local shard path with a sizes.json
-    beside it (`pipe:cat /data/shard-000003.tar`), that table; None for any other remote shard."""
+    beside it (`pipe:cat /data/shard-000003.tar`), that table; None for any other remote shard.
+    `check_claims`: the counts a sizes.json gives for local shards are checked (`_checked_claims`)."""
     tables: dict[Path, dict[str, int]] = {}
     out: list[int | None] = []
+    claimed: dict[int, Path] = {}  # index in `out` -> the local shard whose count sizes.json gave
     for url in urls:
         path = local_path(url)
         named = path or _pipe_shard(url)
         n = _sizes_table(named.parent, tables).get(named.name) if named is not None else None
+        if check_claims and n is not None and named is not None and named.is_file():
+            claimed[len(out)] = named
         out.append(int(n) if n is not None else _count_tar(path) if path is not None else None)
-    return out
+    return _checked_claims(out, claimed) if claimed else out
 
 
 def _sizes_table(folder: Path, tables: dict[Path, dict[str, int]]) -> dict[str, int]:
@@ -143,6 +147,29 @@ def _sizes_table(folder: Path, tables: dict[Path, dict[str, int]]) -> dict[str, 
         sizes = folder / SIZES_FILE
         tables[folder] = json.loads(sizes.read_text()) if sizes.is_file() else {}
     return tables[folder]
+
+
+def _checked_claims(sizes: list[int | None], claimed: dict[int, Path]) -> list[int | None]:
+    """`sizes` with each count a sizes.json gave for a local shard (`claimed`) replaced by the shard's
+    own count, where those shards hold at most SIZES_CHECK_MAX_BYTES: a sizes.json that claims more
+    samples than a shard holds would otherwise make an epoch read the data several times over (it is
+    what sets the epoch's length); one warning names the file, the claimed and the real count."""
+    total = sum(p.stat().st_size for p in claimed.values())
+    if total > SIZES_CHECK_MAX_BYTES:
+        log.info("sizes.json taken as it is: its %d shards (%.1f GiB) are too large to count at start",
+                 len(claimed), total / 2**30)
+        return sizes
+    real = {i: _count_tar(path) for i, path in claimed.items()}
+    wrong = [(claimed[i], sizes[i], n) for i, n in real.items() if n != sizes[i]]
+    checked = [real.get(i, n) for i, n in enumerate(sizes)]
+    if wrong:
+        files = sorted({str(p.parent / SIZES_FILE) for p, _, _ in wrong})
+        path, said, held = wrong[0]
+        log.warning("%s: claims %d samples for %d shards that hold %d (e.g. %s: %d claimed, %d there); an epoch "
+                    "is what the shards hold: %d samples, not %d", ", ".join(files), sum(c for _, c, _ in wrong),
+                    len(wrong), sum(h for _, _, h in wrong), path.name, said, held, sum(n or 0 for n in checked),
+                    sum(n or 0 for n in sizes))
+    return checked
 
 
 def _pipe_shard(url: str) -> Path | None:
@@ -155,43 +182,15 @@ def _pipe_shard(url: str) -> Path | None:
 
 def count_samples(urls: str | list[str]) -> int:
     """Total samples in all sources: an epoch's length. A sizes.json is checked against the local
-    shards it describes when they are small enough to count at start (`checked_sizes`)."""
+    shards it describes when they are small enough to count at start (`shard_sizes(check_claims=True)`)."""
     flat = check_sources_exist(urls)
-    sizes = checked_sizes(flat, shard_sizes(flat))
+    sizes = shard_sizes(flat, check_claims=True)
     missing = [u for u, n in zip(flat, sizes) if n is None]
     if missing:
         raise ValueError(f"cannot count the samples of remote shards {missing[:3]}: no sizes.json beside them "
                          "names them; set data.num_samples (samples per epoch, all ranks together) or put a "
                          "sizes.json ({shard name: samples}) beside the shards")
     return sum(n for n in sizes if n is not None)
-
-
-def checked_sizes(urls: list[str], sizes: list[int | None]) -> list[int | None]:
-    """`sizes` with every local shard that a sizes.json describes counted from its tar, where those
-    shards hold at most SIZES_CHECK_MAX_BYTES: a sizes.json that claims more samples than a shard
-    holds would otherwise make an epoch read the data several times over (it is what sets the
-    epoch's length); one warning names the file, the claimed and the real count."""
-    described = {}
-    for url, n in zip(urls, sizes):
-        path = local_path(url) or _pipe_shard(url)
-        if n is not None and path is not None and path.is_file() and (path.parent / SIZES_FILE).is_file():
-            described[url] = path
-    total = sum(p.stat().st_size for p in described.values())
-    if total > SIZES_CHECK_MAX_BYTES:
-        log.info("sizes.json taken as it is: its %d shards (%.1f GiB) are too large to count at start",
-                 len(described), total / 2**30)
-        return sizes
-    real = {url: _count_tar(path) for url, path in described.items()}
-    wrong = [(described[u], n, real[u]) for u, n in zip(urls, sizes) if u in real and real[u] != n]
-    if wrong:
-        files = sorted({str(p.parent / SIZES_FILE) for p, _, _ in wrong})
-        claimed, held = sum(n for _, n, _ in wrong), sum(r for _, _, r in wrong)
-        first = wrong[0]
-        log.warning("%s: claims %d samples for %d shards that hold %d (e.g. %s: %d claimed, %d there); an epoch "
-                    "is what the shards hold: %d samples, not %d", ", ".join(files), claimed, len(wrong), held,
-                    first[0].name, first[1], first[2], sum(real.get(u, n) or 0 for u, n in zip(urls, sizes)),
-                    sum(n or 0 for n in sizes))
-    return [real.get(u, n) for u, n in zip(urls, sizes)]
 
 
 def _parse_weights(weights: str | list[float] | None, n_sources: int) -> list[float] | None:

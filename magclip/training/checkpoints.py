@@ -47,12 +47,15 @@ class CheckpointWriteError(RunWriteError):
     """A checkpoint could not be written (disk full, I/O error); the previous one is untouched."""
 
 
-def run_write_error(path: Path | str, exn: BaseException, after: str) -> RunWriteError:
-    """One error naming `path`, the cause (disk full when ENOSPC), the OS's own words and `after`
-    (what is intact, what to run next); the errno stays visible to callers."""
+def run_write_error(path: Path | str, exn: BaseException, after: str,
+                    kind: type[RunWriteError] = RunWriteError) -> RunWriteError:
+    """One error naming `path`, the cause (disk full when ENOSPC), the OS's own words (torch.save on a
+    full disk says only "unexpected pos N vs M") and `after` (what is intact, what to run next); an
+    OSError's errno stays visible to callers."""
     code = exn.errno if isinstance(exn, OSError) else None
     reason = "disk full" if code == errno.ENOSPC else "disk full or not writable?"
-    return RunWriteError(code, f"could not write {path} ({reason}): {type(exn).__name__}: {exn}; {after}")
+    msg = f"could not write {path} ({reason}): {type(exn).__name__}: {exn}; {after}"
+    return kind(code, msg) if code else kind(msg)
 
 
 def resume_hint(ckpt_dir: Path, then: str = "continue with train.resume=latest") -> str:
@@ -172,15 +175,11 @@ class Checkpointer:
             raise self._write_error(final, exn) from exn
         return final
 
-    def _write_error(self, final: Path, exn: BaseException) -> CheckpointWriteError:
-        # torch.save on a full disk says only "unexpected pos N vs M": name what failed
+    def _write_error(self, final: Path, exn: BaseException) -> RunWriteError:
         previous = latest_step(self.dir)
-        pointer = self.dir / "latest"
-        msg = (f"could not write checkpoint {final} (disk full or not writable?): {type(exn).__name__}: {exn}; " +
-               (f"the previous checkpoint {previous} is intact and {pointer} still points at it: free space and "
-                "continue with train.resume=latest" if previous else "no earlier checkpoint exists"))
-        code = exn.errno if isinstance(exn, OSError) else None  # ENOSPC stays visible to callers
-        return CheckpointWriteError(code, msg) if code else CheckpointWriteError(msg)
+        after = (f"the previous checkpoint {previous} is intact and {self.dir / 'latest'} still points at it: free "
+                 "space and continue with train.resume=latest" if previous else "no earlier checkpoint exists")
+        return run_write_error(f"checkpoint {final}", exn, after, kind=CheckpointWriteError)
 
     @staticmethod
     def load_state(step: Path) -> dict[str, Any]:
