@@ -110,13 +110,39 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
             code = _expected(exn)
             if code is None or debug:
                 raise
-            if _reports_errors():
-                print(f"error: {_where()}{exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)",
-                      file=sys.stderr)
-            if _in_process_group():
-                _exit_now(code)
-            raise SystemExit(code) from None
+            _fail(code, f"error: {_where()}{exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)")
     return run
+
+
+REPORT_GRACE_S = 10.0  # how long a silent process waits for its node's first process to say why
+
+
+def _fail(code: int, line: str) -> None:
+    """Say why and exit with `code`. Under a launcher every process of a node checks the same input and
+    fails alike: the node's first process says so at once; the others wait up to REPORT_GRACE_S for it
+    (the launcher stops them when it exits, and they exit with the same code) and say it themselves
+    only when they outlive the wait: then the failure was theirs alone (another config, a lost peer).
+    Exiting at once would let the launcher stop the first process before its line is written."""
+    if not _reports_errors():
+        _wait_for_the_reporting_process(code)
+        line = f"rank {os.environ.get('RANK', '?')}: {line}"
+    print(line, file=sys.stderr)
+    if _in_process_group():
+        _exit_now(code)
+    raise SystemExit(code) from None
+
+
+def _wait_for_the_reporting_process(code: int) -> None:
+    import signal
+    import time
+
+    if "torch.distributed" in sys.modules:
+        from magclip.distributed import stop_heartbeat
+
+        stop_heartbeat()  # peers must not take this process for a live one while it waits
+    signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(code))
+    time.sleep(REPORT_GRACE_S)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _in_process_group() -> bool:
@@ -129,15 +155,16 @@ def _in_process_group() -> bool:
 
 
 def _exit_now(code: int) -> None:
-    """Leave a process group after a refusal or a failed run without running its destructors: at
-    interpreter exit gloo's threads can still be joinable while the group is torn down, and the
-    process then dies of SIGABRT ("terminate called without an active exception") instead of
-    exiting with `code`. Every stream is flushed first; the peers see the connection close."""
+    """Leave without running destructors: at interpreter exit gloo's threads can still be joinable while
+    a process group is torn down, and the process then dies of SIGABRT ("terminate called without an
+    active exception") instead of exiting with `code`. Every stream is flushed first; the peers see
+    the connection close."""
     import logging
 
-    from magclip.distributed import stop_heartbeat
+    if "torch.distributed" in sys.modules:
+        from magclip.distributed import stop_heartbeat
 
-    stop_heartbeat()
+        stop_heartbeat()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -148,8 +175,7 @@ def _exit_now(code: int) -> None:
 
 
 def _reports_errors() -> bool:
-    """Under torchrun/accelerate every process of a node checks the same input and fails alike: the
-    first process of each node says so, the others exit with the same code in silence."""
+    """The first process of each node, or a process started without a launcher."""
     return os.environ.get("LOCAL_RANK", "0") == "0"
 
 
