@@ -6,6 +6,7 @@ step count and the same seeds, scored by one evaluator that belongs to neither.
     python benchmarks/bench_quality.py --tag buffer5000 --magclip-override data.shuffle_buffer=5000   # an ablation
     python benchmarks/bench_quality.py --data synthetic                # the main job's recipe
     python benchmarks/bench_quality.py --tiny                          # smoke check: 2 seeds, a few steps
+    python benchmarks/bench_quality.py --seeds 9 --reuse-runs          # 3 more seeds; finished runs are kept
 
 The recipe (emoji): tiny-resnet on the emoji train shards, batch 128, lr 2e-3 with 50 warm-up steps
 and a cosine schedule, weight decay 0.1, AdamW (0.9, 0.98, 1e-6), gradient clip 1.0, fp32, 2 loader
@@ -63,14 +64,18 @@ def open_clip_steps(num_samples: int, batch: int, workers: int, epochs: int) -> 
 # ----------------------------------------------------------------------------- the two trainers
 
 
-def run_magclip(a, recipe: dict, urls: str, steps: int, seed: int, work: Path) -> dict[str, Any]:
+def magclip_command(a, recipe: dict, urls: str, steps: int, seed: int, work: Path) -> list[str]:
     run = work / "magclip" / f"seed{seed}"
-    cmd = [sys.executable, str(REPO / "train" / "clip.py"), *(["--config", recipe["config"]] if recipe["config"] else []),
-           f"output_dir={run.parent}", f"name={run.name}", "overwrite=true", f"data.train={urls}", "data.val=null",
-           "data.eval_sets={}", f"data.workers={a.workers}", f"train.threads={a.threads}", f"train.seed={seed}",
-           f"train.batch_size={recipe['batch']}", f"train.lr={recipe['lr']}", f"train.warmup_steps={recipe['warmup']}",
-           f"train.epochs={recipe['epochs'] + 1}", f"train.max_steps={steps}", "train.checkpoint_every=0",
-           "train.log_every=10", "train.weight_decay=0.1", *a.magclip_override]
+    return [sys.executable, str(REPO / "train" / "clip.py"), *(["--config", recipe["config"]] if recipe["config"] else []),
+            f"output_dir={run.parent}", f"name={run.name}", "overwrite=true", f"data.train={urls}", "data.val=null",
+            "data.eval_sets={}", f"data.workers={a.workers}", f"train.threads={a.threads}", f"train.seed={seed}",
+            f"train.batch_size={recipe['batch']}", f"train.lr={recipe['lr']}", f"train.warmup_steps={recipe['warmup']}",
+            f"train.epochs={recipe['epochs'] + 1}", f"train.max_steps={steps}", "train.checkpoint_every=0",
+            "train.log_every=10", "train.weight_decay=0.1", *a.magclip_override]
+
+
+def run_magclip(a, cmd: list[str], steps: int, seed: int, work: Path) -> dict[str, Any]:
+    run = work / "magclip" / f"seed{seed}"
     wall = _run(cmd, a.threads, work / f"magclip_seed{seed}.log")
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rates = [r["samples_per_s"] for r in records if "samples_per_s" in r and r["step"] > 20]
@@ -80,21 +85,35 @@ def run_magclip(a, recipe: dict, urls: str, steps: int, seed: int, work: Path) -
             "samples_per_s": statistics.median(rates) if rates else None}
 
 
-def run_open_clip(a, recipe: dict, urls: str, n: int, seed: int, work: Path) -> dict[str, Any]:
-    logs = work / "open_clip_train"
-    out = work / f"open_clip_seed{seed}.json"
-    shutil.rmtree(logs / f"seed{seed}", ignore_errors=True)  # open_clip_train refuses an existing experiment name
+def open_clip_command(a, recipe: dict, urls: str, n: int, seed: int, work: Path) -> list[str]:
     extra = (f"--epochs {recipe['epochs']} --lr {recipe['lr']} --warmup {recipe['warmup']} --seed {seed} "
-             f"--logs {logs} --name seed{seed}")
-    cmd = [str(a.open_clip_python), str(HERE / "_run_open_clip.py"), "--data", urls, "--num-samples", str(n),
-           "--model", a.model, "--batch-size", str(recipe["batch"]), "--threads", str(a.threads), "--precision", "fp32",
-           "--workers", str(a.workers), "--skip", "20", "--open-clip-args", extra, "--out", str(out),
-           "--workdir", str(work)]
+             f"--logs {work / 'open_clip_train'} --name seed{seed}")
+    return [str(a.open_clip_python), str(HERE / "_run_open_clip.py"), "--data", urls, "--num-samples", str(n),
+            "--model", a.model, "--batch-size", str(recipe["batch"]), "--threads", str(a.threads), "--precision", "fp32",
+            "--workers", str(a.workers), "--skip", "20", "--open-clip-args", extra, "--out",
+            str(work / f"open_clip_seed{seed}.json"), "--workdir", str(work)]
+
+
+def run_open_clip(a, cmd: list[str], recipe: dict, seed: int, work: Path) -> dict[str, Any]:
+    logs = work / "open_clip_train"
+    shutil.rmtree(logs / f"seed{seed}", ignore_errors=True)  # open_clip_train refuses an existing experiment name
     wall = _run(cmd, a.threads, work / f"open_clip_seed{seed}.log")
-    child = json.loads(out.read_text())
+    child = json.loads((work / f"open_clip_seed{seed}.json").read_text())
     ckpt = logs / f"seed{seed}" / "checkpoints" / f"epoch_{recipe['epochs']}.pt"
     return {"weights": str(ckpt), "wall_s": wall, "steps": child.get("steps"),
             "samples_per_s": child.get("samples_per_s")}
+
+
+def trained_once(record: Path, cmd: list[str], reuse: bool, train) -> dict[str, Any]:
+    """train() unless `reuse` and `record` says the same command already finished (its weights still
+    there): a benchmark stopped half-way, or one extended to more seeds, trains only what is missing."""
+    if reuse and record.is_file():
+        done = json.loads(record.read_text())
+        if done["command"] == cmd and Path(done["result"]["weights"]).exists():
+            return {**done["result"], "reused_run": str(record)}
+    result = train()
+    record.write_text(json.dumps({"command": cmd, "result": result}, indent=1))
+    return result
 
 
 def reused_open_clip(recipe: dict, seed: int, work: Path) -> dict[str, Any]:
@@ -245,6 +264,9 @@ def main() -> None:
     p.add_argument("--reuse-open-clip", action="store_true",
                    help="an ablation of magclip only: take open_clip_train's checkpoints of the same seeds from the "
                         "untagged run's work folder instead of training them again (its recipe is unchanged)")
+    p.add_argument("--reuse-runs", action="store_true",
+                   help="take a run of this work folder that finished with the same command instead of training it "
+                        "again (more seeds after a first reading, or a benchmark stopped half-way)")
     a = p.parse_args()
     if not a.open_clip_python.is_file():
         raise SystemExit(f"SKIP: no open_clip_train environment at {a.open_clip_python}; run bash "
@@ -264,11 +286,15 @@ def main() -> None:
         run: dict[str, Any] = {"seed": seed}
         for who in order:
             if who == "magclip":
-                trained = run_magclip(a, recipe, urls, steps, seed, work)
+                cmd = magclip_command(a, recipe, urls, steps, seed, work)
+                trained = trained_once(work / f"magclip_seed{seed}.run.json", cmd, a.reuse_runs,
+                                       lambda: run_magclip(a, cmd, steps, seed, work))
             elif a.reuse_open_clip:
                 trained = reused_open_clip(recipe, seed, a.work / a.data)
             else:
-                trained = run_open_clip(a, recipe, urls, n, seed, work)
+                cmd = open_clip_command(a, recipe, urls, n, seed, work)
+                trained = trained_once(work / f"open_clip_seed{seed}.run.json", cmd, a.reuse_runs,
+                                       lambda: run_open_clip(a, cmd, recipe, seed, work))
             trained["hits"] = score(trained["weights"], a, cells)
             run[who] = trained
             print(f"seed {seed} {who}: {trained['wall_s']} s, samples/s {trained['samples_per_s']}", flush=True)

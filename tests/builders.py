@@ -1,7 +1,8 @@
 """Small builders shared by the tests: PNG bytes, tar shards written member by member, free ports, a
-tiny BERT folder, a torch file that carries code."""
+tiny BERT folder, a torch file that carries code, toy text data (pairs, a BEIR folder, STS, QA)."""
 
 import io
+import json
 import random
 import socket
 import tarfile
@@ -126,3 +127,49 @@ def copy_run_at(src: Path, dst: Path, step: str) -> Path:
             shutil.rmtree(folder)
     (dst / "checkpoints" / "latest").write_text(step + "\n")
     return dst
+
+
+# ----------------------------------------------------------------------------- toy text data
+
+
+def toy_rows(n: int = 24, seed: int = 0) -> list[dict]:
+    """Pair records of random words: a query, its positive passage and two negatives."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        w = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (6,), generator=g)]
+        rows.append({"query": " ".join(w[:3]), "positive": " ".join(w[:3] + w[3:]),
+                     "negatives": [" ".join(w[3:]), " ".join(reversed(w))]})
+    return rows
+
+
+def write_toy_eval(folder: Path, rows: list[dict]) -> tuple[Path, Path]:
+    beir = folder / "toybeir"
+    (beir / "qrels").mkdir(parents=True)
+    with open(beir / "corpus.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": r["positive"]}) + "\n")
+    with open(beir / "queries.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                             + "".join(f"q{i}\td{i}\t1\n" for i in range(len(rows))))
+    sts = folder / "toysts.tsv"
+    sts.write_text("score\tsentence1\tsentence2\n" + "".join(
+        f"{i % 5}.0\t{r['query']}\t{r['positive'] if i % 2 else r['negatives'][0]}\n" for i, r in enumerate(rows)))
+    return beir, sts
+
+
+def write_toy_qa(folder: Path, rows: list[dict]) -> Path:
+    qa = folder / "toyqa"
+    qa.mkdir(parents=True)
+    with open(qa / "corpus.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps({"_id": f"p{i}", "title": "", "text": r["positive"]}) + "\n")
+    with open(qa / "qa.jsonl", "w") as f:
+        for i, r in enumerate(rows):
+            answer = r["positive"].split()[-1]
+            f.write(json.dumps({"id": f"x{i}", "question": r["query"], "answers": [answer], "passage_id": f"p{i}"}) + "\n")
+    return qa

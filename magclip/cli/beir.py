@@ -20,7 +20,9 @@ Quora); `drop` is BEIR's ignore_identical_ids (every document whose id equals th
 collections numbered 1, 2, 3 ... on both sides, such as Cranfield or MED, removes real documents);
 `keep` keeps all. Each entry counts them. results.json maps each folder name to its
 metrics (0-1 scale) plus `queries`, `docs`, the scorer and timings; with several modes, the entry
-holds the first mode's metrics and a `modes` map with all of them.
+holds the first mode's metrics and a `modes` map with all of them. Beside it, `<out stem>.queries.npz`
+keeps every metric's per-query values (keyed like `scifact.modes.qnorm.ndcg@10`), which the compare
+report pairs query by query.
 """
 
 import argparse
@@ -31,7 +33,7 @@ from magclip.cli import as_command
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
 from magclip.config import IDENTICAL_ID_RULES
 from magclip.data.beir import check_beir_folder
-from magclip.io import atomic_write_json
+from magclip.metrics.ranks import write_results_with_outcomes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     for entry in results.values():
         entry["model"] = args.model
         entry["settings"] = asdict(model.settings)
-    atomic_write_json(args.out, results)
+    write_results_with_outcomes(args.out, results)  # per-query outcomes beside it: <stem>.queries.npz / .ranks.npz
     print(format_beir_table(results))
     if args.length_bins:
         print(format_length_table(results))

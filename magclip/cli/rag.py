@@ -42,7 +42,7 @@ from magclip.cli.text_args import device_of, load_model_and_scorers, model_argum
 from magclip.data.beir import doc_text
 from magclip.data.qa import load_distractors, load_qa
 from magclip.evaluation import modes_entry
-from magclip.io import atomic_write_json
+from magclip.metrics.ranks import write_results_with_outcomes
 from magclip.metrics.rag import ANSWER_MATCHES, DEFAULT_KS, exact_match
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 for q, p, e in zip(qids, preds, ems)]}
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         results[data.name] = entry
-    atomic_write_json(args.out, results)
+    write_results_with_outcomes(args.out, results)  # per-query outcomes beside it: <stem>.queries.npz / .ranks.npz
     print(format_rag_table(results))
     for name, entry in results.items():
         if entry["warnings"]:

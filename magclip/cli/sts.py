@@ -10,7 +10,9 @@
 files (named after the file). Each pair is scored s(a, b) with a on the query side and b on the
 passage side, and s(b, a); the JSON reports `spearman_ab`, `spearman_ba`, and `spearman` (= the
 correlation of the mean score (s(a,b) + s(b,a)) / 2), with the same three for Pearson; 0-1 scale.
-For symmetric modes (cosine, dot) with a shared tower the three coincide. Other options as in
+For symmetric modes (cosine, dot) with a shared tower the three coincide. Beside the JSON,
+`<out stem>.queries.npz` keeps the per-pair scores (`<name>.pred_ab`, `.pred_ba`) and the gold scores
+(`.gold`), from which the compare report bootstraps Spearman over pairs. Other options as in
 eval/beir.py.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import asdict
 
 from magclip.cli import as_command, check_paths
 from magclip.cli.text_args import device_of, load_model_and_scorers, model_arguments, parse_args
-from magclip.io import atomic_write_json
+from magclip.metrics.ranks import write_results_with_outcomes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     for entry in results.values():
         entry["model"] = args.model
         entry["settings"] = asdict(model.settings)
-    atomic_write_json(args.out, results)
+    write_results_with_outcomes(args.out, results)  # per-query outcomes beside it: <stem>.queries.npz / .ranks.npz
     print(format_sts_table(results))
     print(f"results: {args.out}")
 

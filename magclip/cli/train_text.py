@@ -15,6 +15,8 @@ Training pairs from a BEIR split (JSONL of {query, positive: [..], negatives: [.
     python train/text.py --make-pairs runs/scifact_train_rand4.jsonl --beir ../shared/data/text/scifact --random-negatives 4
     python train/text.py --make-pairs runs/scifact_train_hn4.jsonl --beir ../shared/data/text/scifact \
         --mine-with minilm --mode cosine --negatives 4 --skip-top 3      # hard negatives retrieved by MiniLM
+    python train/text.py --make-pairs runs/squad_train_hn.jsonl --beir ../shared/data/text/squad_train \
+        --sample 20000 --mine-with minilm --negatives 3 --skip-top 2     # 20,000 random SQuAD questions
     python train/text.py --config configs/text/scifact.yaml data.beir=null data.train=runs/scifact_train_hn4.jsonl \
         data.group_size=3
 
@@ -48,12 +50,13 @@ def make_pairs(args) -> None:
         rows = mine_hard_negatives(BiEncoder.from_pretrained(args.mine_with), args.beir, args.split, args.mode,
                                    negatives=args.negatives, skip_top=args.skip_top, depth=args.depth,
                                    min_score=args.min_score, out=args.make_pairs, progress=True,
-                                   device="cuda" if torch.cuda.is_available() else "cpu")
+                                   device="cuda" if torch.cuda.is_available() else "cpu", sample=args.sample,
+                                   seed=args.sample_seed)
     else:
         from magclip.data.beir import beir_to_pairs
 
         rows = beir_to_pairs(args.beir, args.split, args.make_pairs, min_score=args.min_score,
-                             random_negatives=args.random_negatives)
+                             random_negatives=args.random_negatives, sample=args.sample, seed=args.sample_seed)
     print(f"{len(rows)} pair records -> {args.make_pairs}")
 
 
@@ -73,6 +76,9 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
     pairs.add_argument("--negatives", type=int, default=4, help="mined negatives per query")
     pairs.add_argument("--skip-top", type=int, default=0, help="unjudged top results skipped before mining")
     pairs.add_argument("--depth", type=int, default=100, help="search depth for mining")
+    pairs.add_argument("--sample", type=int, help="that many queries drawn at random, not all (a split's order "
+                                                   "follows its source: its head is a few topics)")
+    pairs.add_argument("--sample-seed", type=int, default=0, help="seed of --sample and of --random-negatives")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.make_pairs:

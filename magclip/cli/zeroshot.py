@@ -65,7 +65,7 @@ from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
 from magclip.data.image_folder import resolve_image_folder
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS as TASKS
-from magclip.io import atomic_write_json
+from magclip.metrics.ranks import write_results_with_outcomes
 from magclip.modes import MODES
 
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 set_info=set_info, batch_size=args.batch_size, device=args.device,
                                 workers=args.workers, save_embeddings=args.save_embeddings,
                                 export_index=args.export_index)
-    atomic_write_json(args.out, results)
+    write_results_with_outcomes(args.out, results)  # per-query outcomes beside it: <stem>.queries.npz / .ranks.npz
     print(format_zeroshot_table(results))
     print(f"results: {args.out}" + (f"   embeddings: {args.save_embeddings}" if args.save_embeddings else ""))
     return results

@@ -201,11 +201,13 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
 
 
 def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | None = None, *, min_score: int = 1,
-                  random_negatives: int = 0, seed: int = 0) -> list[dict[str, Any]]:
+                  random_negatives: int = 0, seed: int = 0, sample: int | None = None) -> list[dict[str, Any]]:
     """Training records {query, positive: [..], negatives: [..], query_id, positive_ids} from a split's qrels.
 
     Queries whose judged documents are all below `min_score` (or missing from the corpus) are left out
-    and counted in the printed summary. Written as JSONL to `out` when given.
+    and counted in the printed summary. `sample`: keep that many records drawn at random (`seed`; in
+    the split's order), not the first ones: a split's order follows its source (SQuAD: article by
+    article), so its head is a few topics. Written as JSONL to `out` when given.
     """
     data = load_beir(folder, split)
     rng = random.Random(seed)
@@ -225,8 +227,13 @@ def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | No
         records.append({"query": text, "positive": [doc_text(data.corpus[d]) for d in pos_ids],
                         "negatives": [doc_text(data.corpus[d]) for d in negs],
                         "query_id": qid, "positive_ids": pos_ids, "negative_ids": negs})
+    usable = len(records)
+    if sample is not None and sample < usable:
+        keep = sorted(random.Random(f"sample-{seed}").sample(range(usable), sample))
+        records = [records[i] for i in keep]
     if out is not None:
         atomic_write_jsonl(out, records)
-    print(f"{data.name}/{split}: {len(records)} pair records ({dropped} queries without a usable positive left out)"
-          + (f" -> {out}" if out is not None else ""))
+    print(f"{data.name}/{split}: {len(records)} pair records"
+          + (f" drawn at random from {usable}" if len(records) < usable else "")
+          + f" ({dropped} queries without a usable positive left out)" + (f" -> {out}" if out is not None else ""))
     return records

@@ -12,7 +12,7 @@ ZEROSHOT_TASKS = ("retrieval", "classification")  # here, torch-free: the zero-s
 
 def modes_entry(by_label: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A data set's entry from {scorer label: metrics} (the shape in this module's docstring)."""
-    entry = dict(next(iter(by_label.values())))
+    entry = next(iter(by_label.values())).copy()  # a RetrievalMetrics keeps its per-query values
     if len(by_label) > 1:
         entry["modes"] = by_label
     return entry

@@ -19,16 +19,17 @@ log = logging.getLogger("magclip.text")
 def mine_hard_negatives(model: BiEncoder, folder: str | Path, split: str = "train", scorer: Scorer | str = "cosine",
                         *, negatives: int = 4, skip_top: int = 0, depth: int = 100, min_score: int = 1,
                         batch_size: int = 64, device=None, backend: str = "auto", out: str | Path | None = None,
-                        progress: bool = False) -> list[dict[str, Any]]:
+                        progress: bool = False, sample: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """Pairs from a BEIR split with hard negatives retrieved by `model` under `scorer`.
 
     For each query: its judged documents with relevance >= `min_score` are the positives; the
     negatives are the best-ranked documents that are not judged for it at all (any grade) and not the
     query itself, after skipping the first `skip_top` of them (near-duplicates of positives that are
-    merely unjudged are the usual false negatives). Written as JSONL to `out` when given.
+    merely unjudged are the usual false negatives). `sample`/`seed`: mine for that many queries drawn at
+    random (`beir_to_pairs`), against the whole corpus. Written as JSONL to `out` when given.
     """
     data = load_beir(folder, split)
-    rows = beir_to_pairs(folder, split, min_score=min_score)
+    rows = beir_to_pairs(folder, split, min_score=min_score, sample=sample, seed=seed)
     if not rows:
         return rows
     dids = list(data.corpus)

@@ -27,6 +27,7 @@ from magclip.data.beir import doc_text
 from magclip.data.qa import QAData
 from magclip.metrics.ir import search
 from magclip.metrics.rag import DEFAULT_KS, match_normalizer, rag_metrics
+from magclip.metrics.ranks import RetrievalMetrics
 from magclip.similarity import Scorer
 
 log = logging.getLogger("magclip.rag")
@@ -41,7 +42,7 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
                  backend: str = "auto", keep_ranked: int = 0, answer_match: str = "token") -> dict[str, Any]:
     """Encode once, rank the pool (corpus + distractors) under every scorer, score each ranking.
 
-    Returns {"modes": {label: metrics}, "ranked": {label: [[passage id] per question]} (top
+    Returns {"modes": {label: metrics (a RetrievalMetrics: each question's hits ride along)}, "ranked": {label: [[passage id] per question]} (top
     `keep_ranked`, when > 0), "qids", "passages", "distractor_passages", timings}. Passages are encoded
     as title + " " + text (`doc_text`, as BEIR); answers are matched against the text alone.
     """
@@ -69,7 +70,11 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
         _, idx = search(query_vecs, doc_vecs, scorer, depth, backend=backend)
         ranked = [[pool_ids[j] for j in row if j >= 0] for row in idx.tolist()]
         m = rag_metrics(ranked, [data.answers[q] for q in qids], [data.gold[q] for q in qids], normalized, ks,
-                        frozenset(extra_ids), answer_match)
+                        frozenset(extra_ids), answer_match, per_question=True)
+        hits = m.pop("per_question")
+        m = RetrievalMetrics(m)
+        for key, (index, values) in hits.items():
+            m.add_values(key, values, [qids[i] for i in index])
         m["scorer"] = scorer.to_dict()
         label = scorer.label
         by_mode[label] = m

@@ -16,7 +16,8 @@ from magclip.diagnostics.length import length_report
 from magclip.evaluation import modes_entry
 from magclip.evaluation.index import export_index
 from magclip.metrics.ir import DEFAULT_METRICS, Qrels, Retrieval, backend_name, evaluate_run, parse_metric, search_run
-from magclip.metrics.sts import sts_from_embeddings
+from magclip.metrics.ranks import RetrievalMetrics
+from magclip.metrics.sts import sts_from_scores, sts_pair_scores
 from magclip.models.text import BiEncoder
 from magclip.similarity import Scorer, frozen, resolve_specs
 
@@ -48,10 +49,15 @@ def retrieve(encode: Callable[[list[str], str], torch.Tensor], queries: Mapping[
 
 
 def retrieval_entry(r: Retrieval, qrels: Qrels, scorer: Scorer, metrics: Sequence[str] = DEFAULT_METRICS,
-                    backend: str = "auto") -> dict[str, Any]:
+                    backend: str = "auto") -> RetrievalMetrics:
     """The metric means of a search (pytrec_eval, `evaluate_run`) plus `queries`, `docs`,
-    `removed_identical` (documents `exclude` removed from the top k), mean norms, timings and the scorer."""
-    out = evaluate_run(qrels, r.run, metrics)
+    `removed_identical` (documents `exclude` removed from the top k), mean norms, timings and the scorer;
+    each metric's per-query values (judged queries, id order) ride along for paired statistics."""
+    scored = evaluate_run(qrels, r.run, metrics, per_query=True)
+    per_query = scored.pop("per_query")
+    out = RetrievalMetrics(scored)
+    for name, values in per_query.items():
+        out.add_values(name, list(values.values()), list(values))
     out.update({"queries": len(r.query_ids), "docs": len(r.doc_ids), "removed_identical": r.removed_identical, "k": r.k,
                 "scorer": scorer.to_dict(), "search_backend": backend_name(backend),
                 "doc_norm_mean": float(r.doc_vecs.norm(dim=-1).mean()),
@@ -158,12 +164,17 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
 def evaluate_sts(encode: Callable[[list[str], str], torch.Tensor], data: STSData, scorer: Scorer | str,
                  same_sides: bool = False) -> dict[str, Any]:
     """Encode each sentence on both sides (once if `same_sides`: query and passage encodings are
-    identical, as for a shared tower with equal prefixes and max lengths) and correlate."""
+    identical, as for a shared tower with equal prefixes and max lengths) and correlate; the per-pair
+    scores s(a,b), s(b,a) and the gold scores ride along (`pred_ab`, `pred_ba`, `gold`)."""
     scorer = Scorer.build(scorer)
     q1 = encode(data.sentence1, "query")
     q2 = encode(data.sentence2, "query")
     p1, p2 = (q1, q2) if same_sides else (encode(data.sentence1, "passage"), encode(data.sentence2, "passage"))
-    out = sts_from_embeddings(q1, p1, q2, p2, data.scores, scorer)
+    ab, ba = sts_pair_scores(q1, p1, q2, p2, scorer)
+    out = RetrievalMetrics(sts_from_scores(ab, ba, data.scores))
+    pairs = [f"{a}\t{b}" for a, b in zip(data.sentence1, data.sentence2)]
+    for key, values in (("pred_ab", ab), ("pred_ba", ba), ("gold", data.scores)):
+        out.add_values(key, values, pairs)  # a correlation can be bootstrapped over pairs (magclip.experiments)
     out.update({"pairs": len(data.scores), "scorer": scorer.to_dict(),
                 "norm_mean": float(torch.cat([q1, q2]).norm(dim=-1).mean())})
     return out

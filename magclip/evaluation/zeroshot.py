@@ -80,6 +80,7 @@ from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import encode_loader, retrieval_from_features
+from magclip.metrics.ranks import items_digest
 from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
 from magclip.metrics.classification import classification_metrics
@@ -381,6 +382,7 @@ def evaluate_zeroshot(
             assert enc.text_features is not None and enc.captions is not None
             metrics["retrieval"] = retrieval_from_features(enc.image_features, enc.text_features, enc.captions,
                                                            model.scorers)
+            metrics["retrieval"].item_digest = items_digest(enc.keys)  # its ranks pair only with runs on these samples
         if do_cls:
             assert enc.labels is not None
             cs = set_classes[name]

@@ -17,7 +17,15 @@ import numpy as np
 
 from magclip.experiments import stats
 from magclip.experiments.grid import Column, Grid
-from magclip.metrics.ranks import DIRECTIONS, ITEMS_KEY, load_ranks, ranks_path
+from magclip.metrics.ranks import (
+    DIGEST_MARK,
+    DIRECTIONS,
+    ITEMS_KEY,
+    load_query_values,
+    load_ranks,
+    queries_path,
+    ranks_path,
+)
 
 
 def lookup(results: Any, path: str) -> Any:
@@ -143,32 +151,89 @@ def summarize(grid: Grid, records: list[CellRecord] | None = None) -> list[Row]:
 
 # a column whose number is a mean over queries of a retrieval direction: `val.image_to_text_R@1`, `..._mean_rank`
 _PER_QUERY = re.compile(rf"^(?P<where>.+)\.(?P<direction>{'|'.join(DIRECTIONS)})_(?:R@(?P<k>[0-9]+)|mean_rank)$")
+# a column whose number is a mean over queries of a text evaluation: `metrics.scifact/ndcg@10`, `xquad.answer_recall@5`
+_MEAN_OVER_QUERIES = re.compile(r"[./](ndcg|mrr|recall|map|precision|answer_recall|gold_passage_recall|gold_passage_acc)@[0-9]+$")
+# a column whose number is a correlation over pairs (STS): `metrics.stsb/spearman`, `stsb.pearson_ab`
+_CORRELATION = re.compile(r"^(?P<prefix>.+[./])(?P<method>spearman|pearson)(?:_(?P<tag>ab|ba|mean))?$")
 
 
-def per_query_outcomes(col: Column, results_path: str | Path,
-                       cache: dict[Path, Any] | None = None) -> tuple[np.ndarray, str | None] | str:
-    """The per-query outcomes behind a column of one cell: R@k -> 1.0 where rank < k else 0.0, mean
-    rank -> rank + 1, read from the ranks file beside its results file (`results.ranks.npz`), with
-    the digest of the evaluated items. A string says why there are none."""
-    m = _PER_QUERY.match(col.path)
-    if m is None:
-        return "not a per-query metric"
-    where = "metrics" if m["where"] == "val" else m["where"]
-    path = ranks_path(results_path)
+@dataclass
+class PairScores:
+    """What a correlation column is recomputed from, per pair: the model's scores and the gold scores."""
+
+    pred: np.ndarray
+    gold: np.ndarray
+    method: str
+
+
+Outcomes = tuple["np.ndarray | PairScores", "str | None"]
+
+
+def per_query_outcomes(col: Column, results_path: str | Path, cache: dict[Path, Any] | None = None) -> Outcomes | str:
+    """The per-query outcomes behind a column of one cell, with the digest of the evaluated items:
+    R@k -> 1.0 where rank < k else 0.0, mean rank -> rank + 1, from the ranks file beside its results
+    file (`results.ranks.npz`); a mean of per-query values (nDCG@10, answer recall) -> those values,
+    a correlation over pairs (STS Spearman) -> its `PairScores`, from `results.queries.npz`. A string
+    says why there are none."""
     cache = {} if cache is None else cache
+    m = _PER_QUERY.match(col.path)
+    if m is not None:
+        loaded = _cached(ranks_path(results_path), load_ranks, cache)
+        if not isinstance(loaded, dict):
+            return loaded or "no per-query ranks (runs written before they were kept)"
+        where = "metrics" if m["where"] == "val" else m["where"]
+        ranks = (loaded.get(where) or {}).get(m["direction"])
+        if ranks is None:
+            return f"no per-query ranks for {where}/{m['direction']}"
+        values = (ranks < int(m["k"])).astype(float) if m["k"] else ranks + 1.0
+        return values, loaded[where].get(ITEMS_KEY)
+    path = "metrics." + col.path[4:] if col.path.startswith("val.") else col.path
+    values = _cached(queries_path(results_path), load_query_values, cache)
+    if not isinstance(values, dict):
+        if values is None and not (_MEAN_OVER_QUERIES.search(path) or _CORRELATION.match(path)):
+            return "not a per-query metric"
+        return values or "no per-query values (runs written before they were kept)"
+    if path in values:
+        return values[path], values.get(path + DIGEST_MARK)
+    c = _CORRELATION.match(path)
+    if c is not None:
+        keys = [c["prefix"] + k for k in ("pred_ab", "pred_ba", "gold")]
+        if all(k in values for k in keys):
+            ab, ba, gold = (values[k] for k in keys)
+            pred = {"ab": ab, "ba": ba}.get(c["tag"] or "mean", (ab + ba) / 2)
+            return PairScores(pred, gold, c["method"]), values.get(keys[0] + DIGEST_MARK)
+    return "not a per-query metric"
+
+
+def _cached(path: Path, load, cache: dict[Path, Any]) -> Any:
+    """load(path) once per report: None when there is no file, a string when it cannot be read."""
     if path not in cache:
         try:
-            cache[path] = load_ranks(path) if path.is_file() else None
+            cache[path] = load(path) if path.is_file() else None
         except (OSError, ValueError) as e:
             cache[path] = f"unreadable {path.name}: {e}"
-    loaded = cache[path]
-    if not isinstance(loaded, dict):
-        return loaded or "no per-query ranks (runs written before they were kept)"
-    ranks = (loaded.get(where) or {}).get(m["direction"])
-    if ranks is None:
-        return f"no per-query ranks for {where}/{m['direction']}"
-    values = (ranks < int(m["k"])).astype(float) if m["k"] else ranks + 1.0
-    return values, loaded[where].get(ITEMS_KEY)
+    return cache[path]
+
+
+def item_statistics(per_cell: list[tuple[Outcomes, Outcomes]], n_resamples: int) -> tuple[np.ndarray | None, stats.ItemStats | None, str | None]:
+    """(per-item differences [seeds, items], None, None) for a mean over items, (None, its
+    ItemStats, None) for a correlation over pairs, or (None, None, why) when the cells cannot be
+    paired item by item (evaluated on different items, or of different kinds)."""
+    outcomes = [o for pair in per_cell for o in pair]
+    if len({(len(v.pred) if isinstance(v, PairScores) else len(v), digest) for v, digest in outcomes}) != 1:
+        return None, None, "the runs were evaluated on different items"
+    kinds = {isinstance(v, PairScores) for v, _ in outcomes}
+    if kinds == {False}:
+        return np.stack([r[0] - b[0] for b, r in per_cell]), None, None
+    if kinds == {True}:
+        base = [b[0] for b, _ in per_cell]
+        row = [r[0] for _, r in per_cell]
+        if any(not np.array_equal(x.gold, base[0].gold) for x in base + row):
+            return None, None, "the runs were scored against different gold scores"
+        found = stats.correlation_item_stats(base[0].gold, np.stack([b.pred for b in base]),
+                                             np.stack([r.pred for r in row]), base[0].method, n_resamples=n_resamples)
+        return None, found, None
+    return None, None, "per-query outcomes of different kinds"
 
 
 def baseline_labels(grid: Grid, rows: list[Row]) -> dict[str, str] | None:
@@ -209,17 +274,16 @@ def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
             if not keys:
                 continue
             per_seed = [row_cells[k].values[col.key] - base_cells[k].values[col.key] for k in keys]
-            items, why = None, None
+            items, item_stats = None, None
             per_cell = [(per_query_outcomes(col, base_cells[k].results[col.source], cache),
                          per_query_outcomes(col, row_cells[k].results[col.source], cache)) for k in keys]
             reasons = [o for pair in per_cell for o in pair if isinstance(o, str)]
             if reasons:
                 why = reasons[0]
-            elif len({(len(o[0]), o[1]) for pair in per_cell for o in pair}) != 1:
-                why = "the runs were evaluated on different items"
             else:
-                items = np.stack([r[0] - b[0] for b, r in per_cell])
-            cmp = stats.compare(per_seed, items, higher_is_better=col.better == "max", n_resamples=n_resamples)
+                items, item_stats, why = item_statistics(per_cell, n_resamples)
+            cmp = stats.compare(per_seed, items, item_stats=item_stats, higher_is_better=col.better == "max",
+                                n_resamples=n_resamples)
             out.append({"labels": row.labels, "baseline": base, "column": col.key, "seeds": [list(k) for k in keys],
                         **cmp.to_dict(), "items_unavailable": why})
     return out

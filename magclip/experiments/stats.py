@@ -224,11 +224,13 @@ def _verdict(intervals: list[tuple[float, float]], sign: int) -> str:
     return NO_DIFFERENCE
 
 
-def compare(per_seed_diff: Any, item_diffs: Any = None, *, higher_is_better: bool = True,
-            confidence: float = CONFIDENCE, power: float = POWER, n_resamples: int = N_RESAMPLES,
-            seed: int = 0) -> Comparison:
+def compare(per_seed_diff: Any, item_diffs: Any = None, *, item_stats: "ItemStats | None" = None,
+            higher_is_better: bool = True, confidence: float = CONFIDENCE, power: float = POWER,
+            n_resamples: int = N_RESAMPLES, seed: int = 0) -> Comparison:
     """Row vs baseline from the per-seed differences (row seed s − baseline seed s) and, when every
-    paired cell kept per-query outcomes, the [seeds, items] per-item differences of the same seeds.
+    paired cell kept per-query outcomes, the [seeds, items] per-item differences of the same seeds
+    (a mean over items: bootstrap and sign-flip test here) or, for a statistic that is not a mean over
+    items (a correlation over pairs: `correlation_item_stats`), its item-level `item_stats`.
 
     Verdict: better/worse when the seed interval (≥ 2 seeds) and the item interval (if any) all
     exclude 0 on the same side, and the permutation test agrees (p < 1 - confidence: a percentile
@@ -245,9 +247,12 @@ def compare(per_seed_diff: Any, item_diffs: Any = None, *, higher_is_better: boo
     if item_diffs is not None:
         d = _as_matrix(item_diffs)
         boot = bootstrap_ci(d, confidence=confidence, n_resamples=n_resamples, seed=seed)
-        out.n_items, out.item_low, out.item_high, out.item_se = d.shape[1], boot["low"], boot["high"], boot["se"]
-        out.p_items = permutation_pvalue(d, n_resamples=n_resamples, seed=seed)
-        mdes.append(mde_normal(boot["se"], power=power, alpha=1 - confidence))
+        item_stats = ItemStats(d.shape[1], boot["low"], boot["high"], boot["se"],
+                               permutation_pvalue(d, n_resamples=n_resamples, seed=seed))
+    if item_stats is not None:
+        out.n_items, out.item_low, out.item_high = item_stats.n_items, item_stats.low, item_stats.high
+        out.item_se, out.p_items = item_stats.se, item_stats.p
+        mdes.append(mde_normal(item_stats.se, power=power, alpha=1 - confidence))
     finite = [m for m in mdes if not math.isnan(m)]
     out.mde = max(finite) if finite else math.nan
     out.seeds_for_diff = seeds_needed(out.diff, out.seed_sd, power=power, alpha=1 - confidence)
@@ -256,6 +261,76 @@ def compare(per_seed_diff: Any, item_diffs: Any = None, *, higher_is_better: boo
     if out.n_items and out.decided and not out.p_items < 1 - confidence:
         out.verdict = NO_DIFFERENCE   # the percentile bootstrap is optimistic when few queries differ
     return out
+
+
+@dataclass
+class ItemStats:
+    """The evaluation-set noise of one comparison: items per seed, the 95 % bootstrap interval and
+    standard error of the difference, and the paired permutation p-value."""
+
+    n_items: int
+    low: float
+    high: float
+    se: float
+    p: float
+
+
+def _row_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row of x with the same row of y ([R, n] -> [R])."""
+    x = x - x.mean(axis=1, keepdims=True)
+    y = y - y.mean(axis=1, keepdims=True)
+    denom = np.sqrt((x * x).sum(axis=1) * (y * y).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (x * y).sum(axis=1) / denom
+
+
+def _corr_rows(pred: np.ndarray, gold: np.ndarray, method: str) -> np.ndarray:
+    """Correlation (spearman: of average ranks, scipy's spearmanr; pearson) of each row pair."""
+    if method == "spearman":
+        from scipy.stats import rankdata
+
+        pred, gold = rankdata(pred, axis=1), rankdata(gold, axis=1)
+    return _row_corr(pred, gold)
+
+
+def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str = "spearman", *,
+                           confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                           chunk: int = 500) -> ItemStats:
+    """Evaluation-set noise of a correlation difference (STS: Spearman of the model's pair scores with
+    the gold scores). `base_pred`, `row_pred`: [seeds, pairs] scores of the same pairs; the statistic
+    is the mean over seeds of corr(row_s, gold) − corr(base_s, gold). Bootstrap: pairs resampled with
+    replacement, the same draw in every seed (as `bootstrap_ci`), the correlation recomputed on each
+    draw; permutation p: each (seed, pair)'s two scores swapped at random, two-sided."""
+    if method not in ("spearman", "pearson"):
+        raise ValueError(f"unknown correlation {method!r}; use spearman or pearson")
+    gold = np.asarray(gold, dtype=float)
+    base, row = _as_matrix(base_pred), _as_matrix(row_pred)
+    if base.shape != row.shape or base.shape[1] != len(gold):
+        raise ValueError(f"scores of shape {base.shape} and {row.shape} for {len(gold)} gold scores")
+    n_seeds, n = base.shape
+    rng = np.random.default_rng(seed)
+
+    def statistic(b: np.ndarray, r: np.ndarray, g: np.ndarray) -> np.ndarray:  # [R, seeds, n] -> [R]
+        size = b.shape[0]
+        diffs = [_corr_rows(r[:, s], g, method) - _corr_rows(b[:, s], g, method) for s in range(n_seeds)]
+        return np.mean(diffs, axis=0).reshape(size)
+
+    observed = float(statistic(base[None], row[None], gold[None])[0])
+    boot, hits = [], 0
+    for start in range(0, n_resamples, chunk):
+        size = min(chunk, n_resamples - start)
+        idx = rng.integers(0, n, size=(size, n))
+        boot.append(statistic(base[:, idx].transpose(1, 0, 2), row[:, idx].transpose(1, 0, 2), gold[idx]))
+        swap = rng.integers(0, 2, size=(size, n_seeds, n)).astype(bool)
+        b, r = np.where(swap, row[None], base[None]), np.where(swap, base[None], row[None])
+        perm = statistic(b, r, np.broadcast_to(gold, (size, n)))
+        hits += int(np.sum(np.abs(perm) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
+    draws = np.concatenate(boot)
+    draws = draws[np.isfinite(draws)]
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(draws, [alpha, 1 - alpha]) if len(draws) else (math.nan, math.nan)
+    return ItemStats(n, float(low), float(high), float(draws.std(ddof=1)) if len(draws) > 1 else math.nan,
+                     (hits + 1) / (n_resamples + 1))
 
 
 def compare_summary(base: dict[str, Any], row: dict[str, Any], *, higher_is_better: bool = True,
@@ -286,5 +361,6 @@ def compare_summary(base: dict[str, Any], row: dict[str, Any], *, higher_is_bett
     return out
 
 
-__all__ = ["BETTER", "NO_DIFFERENCE", "ONE_SEED", "WORSE", "Comparison", "bootstrap_ci", "compare", "compare_summary",
+__all__ = ["BETTER", "NO_DIFFERENCE", "ONE_SEED", "WORSE", "Comparison", "ItemStats", "bootstrap_ci", "compare",
+           "compare_summary", "correlation_item_stats",
            "mde_normal", "mde_t", "permutation_pvalue", "seeds_needed", "t_interval", "t_power"]

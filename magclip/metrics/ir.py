@@ -157,7 +157,8 @@ def evaluate_run(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRIC
                  per_query: bool = False) -> dict[str, Any]:
     """Mean of each metric over the judged queries in the run (pytrec_eval's convention).
 
-    With `per_query`, also {"per_query": {metric: {qid: value}}}.
+    With `per_query`, also {"per_query": {metric: {qid: value}}} in query-id order (each mean is the
+    mean of these values in this order, so a kept per-query array reproduces it exactly).
     """
     import pytrec_eval
 
@@ -174,8 +175,8 @@ def evaluate_run(qrels: Qrels, run: Run, metrics: Sequence[str] = DEFAULT_METRIC
         else:
             key = f"{_FAMILIES[fam]}_{k}"
             values = {q: m[key] for q, m in trec.items()}
-        per[name] = values
-        results[name] = float(np.mean(list(values.values()))) if values else 0.0
+        per[name] = {q: values[q] for q in sorted(values)}  # query-id order: what per-query files keep
+        results[name] = float(np.mean(list(per[name].values()))) if values else 0.0
     results["evaluated_queries"] = len(run_clean)
     if per_query:
         results["per_query"] = per

@@ -103,8 +103,10 @@ def contains_answer(normalized_passage: str, normalized_answers: Sequence[str], 
 # ---------------------------------------------------------------------------- metrics
 def rag_metrics(ranked: Sequence[Sequence[str]], answers: Sequence[Sequence[str]], gold: Sequence[Sequence[str]],
                 normalized_texts: Mapping[str, str], ks: Sequence[int] = DEFAULT_KS,
-                distractor_ids: set[str] | frozenset[str] = frozenset(), answer_match: str = "token") -> dict[str, Any]:
+                distractor_ids: set[str] | frozenset[str] = frozenset(), answer_match: str = "token",
+                per_question: bool = False) -> dict[str, Any]:
     """Means over questions of answer_recall@k, gold_passage_acc@1, gold_passage_recall@k (see module doc).
+    With `per_question`, also "per_question": `per_question_hits`.
 
     ranked[i]: passage ids for question i, best first (at least max(ks) of them when the pool allows);
     answers[i]: its gold answer strings; gold[i]: its gold passage ids (empty: left out of gold_*);
@@ -142,6 +144,8 @@ def rag_metrics(ranked: Sequence[Sequence[str]], answers: Sequence[Sequence[str]
     for k in ks:
         out[f"answer_recall@{k}"] = sum(r is not None and r <= k for r in hit_rank) / n
     judged = [r for r, gd in zip(gold_rank, gold) if gd]
+    if per_question:
+        out["per_question"] = per_question_hits(hit_rank, gold_rank, gold, ks)
     out["gold_passage_acc@1"] = sum(r == 1 for r in judged) / len(judged) if judged else None
     for k in ks:
         out[f"gold_passage_recall@{k}"] = (sum(r is not None and r <= k for r in judged) / len(judged)
@@ -156,6 +160,21 @@ def rag_metrics(ranked: Sequence[Sequence[str]], answers: Sequence[Sequence[str]
     out["questions"] = n
     out["gold_questions"] = len(judged)
     out["answer_match"] = answer_match
+    return out
+
+
+def per_question_hits(hit_rank: Sequence[int | None], gold_rank: Sequence[int | None], gold: Sequence[Sequence[str]],
+                      ks: Sequence[int]) -> dict[str, tuple[list[int], list[float]]]:
+    """metric -> (question indices, 0/1 per question) behind each mean of `rag_metrics`: answer recall
+    over every question, the gold-passage metrics over the questions with a gold passage."""
+    every = list(range(len(hit_rank)))
+    judged = [i for i in every if gold[i]]
+    out = {f"answer_recall@{k}": (every, [float(r is not None and r <= k) for r in hit_rank]) for k in ks}
+    if judged:
+        out["gold_passage_acc@1"] = (judged, [float(gold_rank[i] == 1) for i in judged])
+        for k in ks:
+            out[f"gold_passage_recall@{k}"] = (judged, [float(gold_rank[i] is not None and gold_rank[i] <= k)
+                                                         for i in judged])
     return out
 
 

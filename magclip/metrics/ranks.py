@@ -1,13 +1,22 @@
-"""Per-query ranks beside a results file: what paired statistics (magclip.experiments.stats) need.
+"""Per-query outcomes beside a results file: what paired statistics (magclip.experiments.stats) need.
 
 A retrieval evaluation reports means over queries (R@k, mean rank); to compare two runs query by
 query the report needs each query's rank of its first relevant item (R@k of one query = rank < k).
 `RetrievalMetrics` is the metrics dict that carries them (`.ranks`, `.item_digest`), and
-`save_per_query_ranks` writes every such dict inside a results record to `<stem>.ranks.npz` beside
+`save_per_query_outcomes` writes every such dict inside a results record to `<stem>.ranks.npz` beside
 the results file (results.json -> results.ranks.npz): one compressed array per evaluation and
 direction, keyed `<where the metrics sit in the record>/<direction>` (`metrics/image_to_text`,
 `eval_sets.ood_seen/text_to_image`), uint16 up to 65,535 items, with a digest of the evaluated
 items so that only runs on the same items are paired. numpy only: a report reads it without torch.
+
+Text evaluations report means of per-query numbers that are not ranks (BEIR's nDCG@10 per query from
+pytrec_eval, RAG's answer hit per question) and correlations over pairs (STS): those ride in
+`RetrievalMetrics.values` ({key: float array, one value per query or pair}, each with its items'
+digest in `value_digests`) and go to `<stem>.queries.npz` (results.json -> results.queries.npz), one
+array per number, keyed by the number's dotted path in the record (`metrics.scifact/ndcg@10`,
+`scifact.modes.qnorm.ndcg@10`): the path a grid column names. STS keeps the per-pair model scores
+(`pred_ab`, `pred_ba`) and the gold scores beside its correlations, so a correlation can be
+bootstrapped over pairs. The digest of the array at key K is stored at `K#items`.
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from magclip.io import atomic_write_bytes
+from magclip.io import atomic_write_bytes, atomic_write_json
 
 DIRECTIONS = ("image_to_text", "text_to_image")   # the metric prefixes of a CLIP retrieval evaluation
 RANKS_SUFFIX = ".ranks.npz"
+QUERIES_SUFFIX = ".queries.npz"
 ITEMS_KEY = "items"
+DIGEST_MARK = "#items"
 
 
 class RetrievalMetrics(dict):
@@ -33,13 +44,34 @@ class RetrievalMetrics(dict):
     `ranks`: direction ("image_to_text", ...) -> int array of 0-based ranks of each query's first
     relevant item, in query order. `item_digest`: a digest of the evaluated items (`items_digest`), or
     None; two runs' ranks are paired only when their digests (and lengths) agree. Attributes stay
-    out of the JSON, so results.json keeps its shape; `save_per_query_ranks` writes them.
+    out of the JSON, so results.json keeps its shape; `save_per_query_outcomes` writes them.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.ranks: dict[str, np.ndarray] = {}
         self.item_digest: str | None = None
+        self.values: dict[str, np.ndarray] = {}
+        self.value_digests: dict[str, str] = {}
+
+    def add_values(self, key: str, values: Sequence[float] | np.ndarray, items: Sequence[Hashable]) -> None:
+        """Keep one number per item (query, question, pair) behind `key`, with the digest of `items`."""
+        if len(values) != len(items):
+            raise ValueError(f"{key}: {len(values)} values for {len(items)} items")
+        self.values[key] = np.asarray(values, dtype=np.float64)
+        self.value_digests[key] = items_digest(items)
+
+    def with_outcomes(self, other: "RetrievalMetrics", prefix: str = "") -> "RetrievalMetrics":
+        """Take `other`'s per-query values (keys prefixed with `prefix`) into self; returns self."""
+        for key, values in other.values.items():
+            self.values[prefix + key] = values
+            self.value_digests[prefix + key] = other.value_digests[key]
+        return self
+
+    def copy(self) -> "RetrievalMetrics":
+        out = RetrievalMetrics(self)
+        out.ranks, out.item_digest = dict(self.ranks), self.item_digest
+        return out.with_outcomes(self)
 
 
 def items_digest(keys: Sequence[Hashable]) -> str:
@@ -51,6 +83,12 @@ def ranks_path(results_path: str | Path) -> Path:
     """Where the per-query ranks of a results file live: `results.json` -> `results.ranks.npz`."""
     path = Path(results_path)
     return path.with_name(path.stem + RANKS_SUFFIX)
+
+
+def queries_path(results_path: str | Path) -> Path:
+    """Where the per-query values of a results file live: `results.json` -> `results.queries.npz`."""
+    path = Path(results_path)
+    return path.with_name(path.stem + QUERIES_SUFFIX)
 
 
 def compact(ranks: np.ndarray) -> np.ndarray:
@@ -65,7 +103,7 @@ def find_rank_metrics(record: Any, prefix: str = "") -> dict[str, RetrievalMetri
     """Every `RetrievalMetrics` with ranks inside a results record, by its dotted path (`metrics`,
     `eval_sets.ood_seen`, ...)."""
     found: dict[str, RetrievalMetrics] = {}
-    if isinstance(record, RetrievalMetrics) and record.ranks:
+    if isinstance(record, RetrievalMetrics) and (record.ranks or record.values):
         found[prefix] = record
     if isinstance(record, Mapping):
         for key, value in record.items():
@@ -99,15 +137,44 @@ def load_ranks(path: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def save_per_query_ranks(record: Mapping[str, Any], results_path: str | Path) -> Path | None:
-    """Write the ranks of every `RetrievalMetrics` in a results record beside its results file
-    (`ranks_path`); with none, remove a file left by an earlier run in the same folder, so ranks
-    never pair with results they do not belong to. Returns the path written, or None."""
-    path = ranks_path(results_path)
+def load_query_values(path: str | Path) -> dict[str, Any]:
+    """{dotted path: float64 values, dotted path + DIGEST_MARK: digest} of a file `save_per_query_outcomes` wrote."""
+    with np.load(path, allow_pickle=False) as data:
+        return {key: str(data[key]) if key.endswith(DIGEST_MARK) else data[key].astype(np.float64)
+                for key in data.files}
+
+
+def save_per_query_outcomes(record: Mapping[str, Any], results_path: str | Path) -> list[Path]:
+    """Write the outcomes of every `RetrievalMetrics` in a results record beside its results file: the
+    ranks to `ranks_path`, the values to `queries_path`. A kind the record has none of has its file
+    removed (one left by an earlier run in the same folder), so outcomes never pair with results they
+    do not belong to. Returns the paths written."""
     found = find_rank_metrics(record)
-    if not found:
-        path.unlink(missing_ok=True)
-        return None
-    save_ranks(path, {where: {**m.ranks, **({ITEMS_KEY: m.item_digest} if m.item_digest else {})}
-                      for where, m in found.items()})
-    return path
+    ranks = {where: {**m.ranks, **({ITEMS_KEY: m.item_digest} if m.item_digest else {})}
+             for where, m in found.items() if m.ranks}
+    values: dict[str, np.ndarray] = {}
+    for where, m in found.items():
+        for key, array in m.values.items():
+            values[f"{where}.{key}"] = array.astype(np.float64)  # float64: their mean is the reported mean
+            values[f"{where}.{key}{DIGEST_MARK}"] = np.asarray(m.value_digests[key])
+    written = []
+    for path, content, save in ((ranks_path(results_path), ranks, save_ranks),
+                                (queries_path(results_path), values, _save_values)):
+        if content:
+            save(path, content)
+            written.append(path)
+        else:
+            path.unlink(missing_ok=True)
+    return written
+
+
+def _save_values(path: Path, values: Mapping[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **values)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def write_results_with_outcomes(path: str | Path, record: Mapping[str, Any]) -> None:
+    """An evaluation command's results JSON, its per-query outcomes written beside it first."""
+    save_per_query_outcomes(record, path)
+    atomic_write_json(path, record)

@@ -36,7 +36,7 @@ from magclip.metrics.ranks import (  # noqa: F401  (the per-query ranks' file fo
     items_digest,
     load_ranks,
     ranks_path,
-    save_per_query_ranks,
+    save_per_query_outcomes,
     save_ranks,
 )
 from magclip.similarity import Scorer

@@ -40,16 +40,29 @@ def correlations(pred: np.ndarray | Tensor, gold: np.ndarray) -> dict[str, float
     return {"spearman": float(spearmanr(pred, gold).statistic), "pearson": float(pearsonr(pred, gold).statistic)}
 
 
-def sts_from_embeddings(q1: Tensor, p1: Tensor, q2: Tensor, p2: Tensor, gold: np.ndarray,
-                        scorer: Scorer | str) -> dict[str, Any]:
-    """Correlations from query-side (q*) and passage-side (p*) embeddings of sentence1 (·1) and sentence2 (·2)."""
-    ab = pair_scores(q1, p2, scorer).double().numpy()
-    ba = pair_scores(q2, p1, scorer).double().numpy()
+def sts_pair_scores(q1: Tensor, p1: Tensor, q2: Tensor, p2: Tensor, scorer: Scorer | str) -> tuple[np.ndarray, np.ndarray]:
+    """(s(a, b), s(b, a)) per pair from query-side (q*) and passage-side (p*) embeddings of sentence1
+    (·1) and sentence2 (·2), float64."""
+    return pair_scores(q1, p2, scorer).double().numpy(), pair_scores(q2, p1, scorer).double().numpy()
+
+
+def sts_from_scores(ab: np.ndarray, ba: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
+    """Every correlation of the module docstring from the per-pair scores both ways."""
     out: dict[str, Any] = {}
-    for tag, pred in (("ab", ab), ("ba", ba), ("mean", (ab + ba) / 2)):
+    for tag, pred in (("ab", ab), ("ba", ba), ("mean", symmetrised(ab, ba))):
         for metric, value in correlations(pred, gold).items():
             out[f"{metric}_{tag}"] = value
     out["spearman"] = out["spearman_mean"]
     out["pearson"] = out["pearson_mean"]
     out["max_abs_diff_ab_ba"] = float(np.abs(ab - ba).max()) if len(ab) else 0.0
     return out
+
+
+def symmetrised(ab: np.ndarray, ba: np.ndarray) -> np.ndarray:
+    return (np.asarray(ab) + np.asarray(ba)) / 2
+
+
+def sts_from_embeddings(q1: Tensor, p1: Tensor, q2: Tensor, p2: Tensor, gold: np.ndarray,
+                        scorer: Scorer | str) -> dict[str, Any]:
+    """Correlations from query-side (q*) and passage-side (p*) embeddings of sentence1 (·1) and sentence2 (·2)."""
+    return sts_from_scores(*sts_pair_scores(q1, p1, q2, p2, scorer), gold)

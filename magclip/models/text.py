@@ -291,7 +291,7 @@ class BiEncoder(nn.Module):
         batches = range(0, len(order), batch_size)
         if progress:
             from tqdm.auto import tqdm
-            batches = tqdm(batches, desc=f"encode {side}s", dynamic_ncols=True)
+            batches = tqdm(batches, desc=f"encode {side} texts", dynamic_ncols=True)
         for start in batches:
             idx = order[start:start + batch_size]
             feats = [{k: encoded[k][i] for k in encoded} for i in idx]

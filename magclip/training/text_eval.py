@@ -13,6 +13,7 @@ from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import flat_length_metrics
 from magclip.evaluation.rag import evaluate_rag
 from magclip.evaluation.text import beir_token_lengths, encoder_fn, evaluate_beir_data, evaluate_sts, same_sides, sts_path
+from magclip.metrics.ranks import RetrievalMetrics
 from magclip.models.text import BiEncoder
 from magclip.similarity import Scorer
 
@@ -41,21 +42,26 @@ class TextEvalSets:
 
 
 def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig,
-                       device=None) -> dict[str, float]:
-    """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl."""
-    out: dict[str, float] = {}
+                       device=None) -> RetrievalMetrics:
+    """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl; each
+    set's per-query values ride along under the same keys (results.queries.npz of the run)."""
+    out = RetrievalMetrics()
+
+    def add(name: str, r: dict) -> None:
+        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        if isinstance(r, RetrievalMetrics):
+            out.with_outcomes(r, prefix=f"{name}/")
+
     for name, data in sets.beir.items():
         r = evaluate_beir_data(model, data, scorer, batch_size=cfg.batch_size, device=device, backend=cfg.backend,
                                identical_ids=cfg.identical_ids, length_bins=cfg.length_bins,
                                lengths=sets.lengths.get(name))
         if "length" in r:
             r.update(flat_length_metrics(r.pop("length")))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        add(name, r)
     encode = encoder_fn(model, cfg.batch_size, device)
     for name, data in sets.sts.items():
-        r = evaluate_sts(encode, data, scorer, same_sides=same_sides(model))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        add(name, evaluate_sts(encode, data, scorer, same_sides=same_sides(model)))
     for name, data in sets.rag.items():
-        r = next(iter(evaluate_rag(encode, data, [scorer], backend=cfg.backend)["modes"].values()))
-        out.update({f"{name}/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+        add(name, next(iter(evaluate_rag(encode, data, [scorer], backend=cfg.backend)["modes"].values())))
     return out

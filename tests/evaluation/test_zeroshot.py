@@ -22,6 +22,7 @@ from open_clip_train.train import get_clip_metrics
 from magclip import Scorer
 from magclip.models.clip import CHECKPOINT_META
 from magclip.metrics.ir import faiss_available
+from magclip.metrics.ranks import items_digest, load_ranks, ranks_path
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import save_checkpoint_for_open_clip
 from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip, resolve_checkpoint, scorers_from_meta
@@ -138,6 +139,10 @@ def test_cosine_retrieval_equals_open_clip_end_to_end(tiny, shards, tmp_path):
     assert diff == 0.0
     assert res["scorers"]["i2t"]["mode"] == res["scorers"]["t2i"]["mode"] == "cosine"
     assert res["sets"]["data"]["counts"]["samples"] == 40 and res["date"]
+    # the per-query ranks beside the results (r.ranks.npz), with the digest of the samples' keys
+    ranks = load_ranks(ranks_path(out))["sets.data.metrics.retrieval"]
+    assert ranks["items"] == items_digest(keys)
+    assert (ranks["image_to_text"] < 1).mean() == got["image_to_text_R@1"]
 
 
 # ----------------------------------------------------------------------------- the checkpoint's own scorers

@@ -17,7 +17,7 @@ from magclip.metrics.retrieval import (
     ranks_of_first_relevant,
     ranks_path,
     retrieval_metrics,
-    save_per_query_ranks,
+    save_per_query_outcomes,
     save_ranks,
 )
 
@@ -228,7 +228,7 @@ def test_ranks_file_round_trip_and_compact_types(tmp_path):
         save_ranks(path, {"metrics": {"image_to_text": np.array([-1])}})
 
 
-def test_save_per_query_ranks_finds_every_evaluation_and_clears_a_stale_file(tmp_path):
+def test_save_per_query_outcomes_finds_every_evaluation_and_clears_a_stale_file(tmp_path):
     images, texts = _paired(50, seed=2)
     val = retrieval_metrics(images, texts, i2t=Scorer("cosine"), t2i=Scorer("cosine"))
     val.item_digest = "d1"
@@ -236,9 +236,9 @@ def test_save_per_query_ranks_finds_every_evaluation_and_clears_a_stale_file(tmp
     record = {"metrics": val, "eval_sets": {"ood": ood, "empty": {}}, "steps": 3}
     results = tmp_path / "results.json"
     assert ranks_path(results) == tmp_path / "results.ranks.npz"
-    assert save_per_query_ranks(record, results) == ranks_path(results)
+    assert save_per_query_outcomes(record, results) == [ranks_path(results)]
     back = load_ranks(ranks_path(results))
     assert set(back) == {"metrics", "eval_sets.ood"} and back["metrics"]["items"] == "d1"
     assert np.array_equal(back["eval_sets.ood"]["image_to_text"], ood.ranks["image_to_text"])
     # a later run in the same folder without ranks (e.g. no validation data) removes the old file
-    assert save_per_query_ranks({"metrics": {}}, results) is None and not ranks_path(results).exists()
+    assert save_per_query_outcomes({"metrics": {}}, results) == [] and not ranks_path(results).exists()

