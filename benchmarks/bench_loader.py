@@ -3,6 +3,7 @@
     python benchmarks/bench_loader.py                     # synthetic shards, 0/1/2 workers vs the step, 3 rounds
     python benchmarks/bench_loader.py --data emoji        # the real emoji shards (64 px PNG)
     python benchmarks/bench_loader.py --tiny              # smoke check
+    python benchmarks/bench_loader.py --data jpeg224 --workers-list 2 --shuffle-buffer 1000 5000   # buffer memory
 
 Loader: magclip's shard pipeline (`magclip.data.shards.build_clip_loader`: shard split, tar read,
 group, shuffle buffer, PNG decode, open_clip's train transform, tokenizer in the collation),
@@ -56,7 +57,7 @@ def child_loader(a) -> None:
 
         loader = build_clip_loader(a.data, preprocess=bundle.preprocess_train, tokenizer=bundle.tokenizer,
                                    batch_size=a.batch_size, num_samples=a.num_samples, shuffle=True, workers=a.workers,
-                                   seed=0)
+                                   seed=0, shuffle_buffer=a.shuffle_buffer[0])
     else:
         from types import SimpleNamespace
 
@@ -92,6 +93,8 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=3, help="batches excluded as warm-up (worker start, shuffle fill)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--with-open-clip", action="store_true", help="also open_clip_train's pipeline (its env)")
+    p.add_argument("--shuffle-buffer", type=int, nargs="+", default=[1000],
+                   help="magclip's data.shuffle_buffer; several values: each loader contender at each (memory)")
     p.add_argument("--open-clip-python", default=str(DEFAULT_OC_PY))
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=None)
@@ -115,8 +118,10 @@ def main() -> None:
             "--num-samples", str(n), "--skip", str(a.skip)]
     contenders = {}
     for w in a.workers_list:
-        contenders[f"loader_{w}w"] = (lambda w=w: [sys.executable, str(HERE / "bench_loader.py"), "--child", *base,
-                                                   "--workers", str(w)])
+        for buffer in a.shuffle_buffer:
+            name = f"loader_{w}w" + (f"_buffer{buffer}" if len(a.shuffle_buffer) > 1 else "")
+            contenders[name] = (lambda w=w, buffer=buffer: [sys.executable, str(HERE / "bench_loader.py"), "--child",
+                                                            *base, "--workers", str(w), "--shuffle-buffer", str(buffer)])
     if a.with_open_clip:
         if not Path(a.open_clip_python).is_file():
             raise SystemExit("SKIP --with-open-clip: run bash benchmarks/setup_open_clip_train_env.sh first")
@@ -151,9 +156,11 @@ def main() -> None:
                      v["peak_rss_main_mb"], v["peak_tree_pss_mb"]])
     print(table(rows, ["what", "samples/s (median)", "runs", "vs step", "peak RSS main MiB", "peak tree PSS MiB"]))
     best = max(v["ratio_to_step"] for k, v in summary.items() if k.startswith("loader_"))
-    two = summary.get("loader_2w", {}).get("ratio_to_step")
+    two = next((v["ratio_to_step"] for k, v in summary.items() if k.startswith("loader_2w")), None)
     print(f"loader / train-step consumption: 2 workers {two if two is None else f'{two:.2f}'}x, best {best:.2f}x; target >= 3x")
-    out = Path(a.out) if a.out else RESULTS_DIR / f"loader{'' if a.data == 'synthetic' else '_' + a.data}{'_tiny' if a.tiny else ''}.json"
+    buffers = "_buffers" + "_".join(map(str, a.shuffle_buffer)) if len(a.shuffle_buffer) > 1 else ""
+    out = Path(a.out) if a.out else RESULTS_DIR / (f"loader{'' if a.data == 'synthetic' else '_' + a.data}{buffers}"
+                                                   f"{'_tiny' if a.tiny else ''}.json")
     write_json(out, {"benchmark": "loader", "machine": info,
                      "settings": {**{k: v for k, v in vars(a).items() if k not in ('out', 'child', 'impl', 'workers', 'workdir')},
                                   "data_urls": urls, "num_samples": n},

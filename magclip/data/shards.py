@@ -6,7 +6,8 @@ One rank's pipeline, built from webdataset's own stages inside each loader worke
                  resampling with replacement per (seed, epoch, pass, rank, worker)
     split        by rank (explicit rank/world, no process group needed), then wds.split_by_worker
     read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards)
-    shuffle      wds.shuffle buffer over raw bytes (cheap), seeded per rank/worker/pass
+    shuffle      wds.shuffle buffer over raw bytes (5,000 samples by default, as open_clip_train; the
+                 first batch waits for a quarter of it), seeded per rank/worker/pass
     decode       validate, decode, preprocess; bad samples are skipped and counted by reason
     batch        batches without lookahead, the tokenizer as part of the collation
 
@@ -582,7 +583,7 @@ def build_clip_loader(
     weights: str | list[float] | None = None,
     resampled: bool = False,
     shuffle: bool = True,
-    shuffle_buffer: int = 1000,
+    shuffle_buffer: int = 5000,
     workers: int = 0,
     seed: int = 0,
     epoch: int = 0,
