@@ -26,7 +26,7 @@ def text_grid(tmp_path_factory):
     (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     beir, sts = write_toy_eval(folder, rows[:16])
     grid = load_grid({
-        "name": "tiny_text", "output_dir": str(folder / "runs"), "launcher": "text",
+        "name": "tiny_text", "output_dir": str(folder / "runs"), "launcher": "text", "env": {"OMP_NUM_THREADS": "1"},
         "base": "configs/text/scifact.yaml",
         "overrides": {"model.name": str(make_tiny_bert(folder / "bert")), "model.query_max_length": 16,
                       "model.passage_max_length": 24, "data.train": str(folder / "pairs.jsonl"), "data.beir": None,
@@ -37,7 +37,7 @@ def text_grid(tmp_path_factory):
                           {"name": "dnorm", "set": {"loss.mode": "dnorm"}}],
                  "seed": [0, 1]},
         "scale": 100, "columns": COLUMNS})
-    assert run_grid(grid, echo=lambda s: None)["failed"] == []
+    assert run_grid(grid, jobs=2, echo=lambda s: None)["failed"] == []  # 2 cells at a time: one per core
     return grid
 
 
