@@ -136,10 +136,7 @@ def _wait_for_the_reporting_process(code: int) -> None:
     import signal
     import time
 
-    if "torch.distributed" in sys.modules:
-        from magclip.distributed import stop_heartbeat
-
-        stop_heartbeat()  # peers must not take this process for a live one while it waits
+    _stop_heartbeat()  # peers must not take this process for a live one while it waits
     signal.signal(signal.SIGTERM, lambda signum, frame: _exit_now(code))
     time.sleep(REPORT_GRACE_S)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -161,10 +158,7 @@ def _exit_now(code: int) -> None:
     the connection close."""
     import logging
 
-    if "torch.distributed" in sys.modules:
-        from magclip.distributed import stop_heartbeat
-
-        stop_heartbeat()
+    _stop_heartbeat()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -172,6 +166,14 @@ def _exit_now(code: int) -> None:
         except (OSError, ValueError):  # a closed or full stream: nothing more can be said
             pass
     os._exit(code)
+
+
+def _stop_heartbeat() -> None:
+    """magclip.distributed's heartbeat, where this command loaded torch.distributed at all."""
+    if "torch.distributed" in sys.modules:
+        from magclip.distributed import stop_heartbeat
+
+        stop_heartbeat()
 
 
 def _reports_errors() -> bool:

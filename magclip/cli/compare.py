@@ -24,7 +24,8 @@ differences.png), and
 prints the table. Below it, every row's difference to the baseline row (the grid's `baseline:`,
 else the first row) per ranked column: paired by seed, with a 95 % CI over seeds, a 95 % CI and
 permutation p over the evaluation queries when the runs kept per-query outcomes (results.ranks.npz:
-CLIP ranks; results.queries.npz: text metrics per query, STS scores per pair), a verdict, and the minimum detectable effect (magclip/experiments/stats.py). --report PATH writes
+CLIP ranks; results.queries.npz: text metrics per query, STS scores per pair), a verdict, and the
+minimum detectable effect (magclip/experiments/stats.py). --report PATH writes
 the Markdown section also to PATH (plot links relative to it), with PATH's .json beside it, for
 docs/results.md to include; a PATH that records more finished runs than this report is refused
 (exit 2) unless --overwrite-report. The grid format is documented in magclip/experiments/grid.py.

@@ -42,9 +42,10 @@ def evaluate_rag(encode: Callable[[list[str], str], Tensor], data: QAData, score
                  backend: str = "auto", keep_ranked: int = 0, answer_match: str = "token") -> dict[str, Any]:
     """Encode once, rank the pool (corpus + distractors) under every scorer, score each ranking.
 
-    Returns {"modes": {label: metrics (a RetrievalMetrics: each question's hits ride along)}, "ranked": {label: [[passage id] per question]} (top
-    `keep_ranked`, when > 0), "qids", "passages", "distractor_passages", timings}. Passages are encoded
-    as title + " " + text (`doc_text`, as BEIR); answers are matched against the text alone.
+    Returns {"modes": {label: metrics (a RetrievalMetrics: each question's hits ride along)},
+    "ranked": {label: [[passage id] per question]} (top `keep_ranked`, when > 0), "qids", "passages",
+    "distractor_passages", timings}. Passages are encoded as title + " " + text (`doc_text`, as BEIR);
+    answers are matched against the text alone.
     """
     scorers = [Scorer.build(s) for s in scorers]
     distractors = dict(distractors or {})

@@ -80,10 +80,10 @@ from magclip.data.urls import check_sources_exist
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import encode_loader, retrieval_from_features
-from magclip.metrics.ranks import items_digest
 from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
 from magclip.metrics.classification import classification_metrics
+from magclip.metrics.ranks import items_digest
 from magclip.modes import ScorerSpec
 from magclip.similarity import Scorer
 

@@ -284,13 +284,14 @@ def _row_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return (x * y).sum(axis=1) / denom
 
 
-def _corr_rows(pred: np.ndarray, gold: np.ndarray, method: str) -> np.ndarray:
-    """Correlation (spearman: of average ranks, scipy's spearmanr; pearson) of each row pair."""
+def _for_correlation(x: np.ndarray, method: str) -> np.ndarray:
+    """What the correlation is the Pearson correlation of, row by row: average ranks for spearman
+    (scipy's spearmanr), the values themselves for pearson."""
     if method == "spearman":
         from scipy.stats import rankdata
 
-        pred, gold = rankdata(pred, axis=1), rankdata(gold, axis=1)
-    return _row_corr(pred, gold)
+        return rankdata(x, axis=-1)
+    return x
 
 
 def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str = "spearman", *,
@@ -310,20 +311,22 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
     n_seeds, n = base.shape
     rng = np.random.default_rng(seed)
 
-    def statistic(b: np.ndarray, r: np.ndarray, g: np.ndarray) -> np.ndarray:  # [R, seeds, n] -> [R]
-        size = b.shape[0]
-        diffs = [_corr_rows(r[:, s], g, method) - _corr_rows(b[:, s], g, method) for s in range(n_seeds)]
-        return np.mean(diffs, axis=0).reshape(size)
+    def statistic(b: np.ndarray, r: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """[R, seeds, n] scores, [R, n] gold already `_for_correlation` -> [R]."""
+        b, r = _for_correlation(b, method), _for_correlation(r, method)
+        return np.mean([_row_corr(r[:, s], g) - _row_corr(b[:, s], g) for s in range(n_seeds)], axis=0)
 
-    observed = float(statistic(base[None], row[None], gold[None])[0])
+    fixed_gold = _for_correlation(gold[None], method)
+    observed = float(statistic(base[None], row[None], fixed_gold)[0])
     boot, hits = [], 0
     for start in range(0, n_resamples, chunk):
         size = min(chunk, n_resamples - start)
         idx = rng.integers(0, n, size=(size, n))
-        boot.append(statistic(base[:, idx].transpose(1, 0, 2), row[:, idx].transpose(1, 0, 2), gold[idx]))
+        boot.append(statistic(base[:, idx].transpose(1, 0, 2), row[:, idx].transpose(1, 0, 2),
+                              _for_correlation(gold[idx], method)))
         swap = rng.integers(0, 2, size=(size, n_seeds, n)).astype(bool)
         b, r = np.where(swap, row[None], base[None]), np.where(swap, base[None], row[None])
-        perm = statistic(b, r, np.broadcast_to(gold, (size, n)))
+        perm = statistic(b, r, np.broadcast_to(fixed_gold, (size, n)))
         hits += int(np.sum(np.abs(perm) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
     draws = np.concatenate(boot)
     draws = draws[np.isfinite(draws)]

@@ -49,17 +49,13 @@ def sts_pair_scores(q1: Tensor, p1: Tensor, q2: Tensor, p2: Tensor, scorer: Scor
 def sts_from_scores(ab: np.ndarray, ba: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
     """Every correlation of the module docstring from the per-pair scores both ways."""
     out: dict[str, Any] = {}
-    for tag, pred in (("ab", ab), ("ba", ba), ("mean", symmetrised(ab, ba))):
+    for tag, pred in (("ab", ab), ("ba", ba), ("mean", (ab + ba) / 2)):
         for metric, value in correlations(pred, gold).items():
             out[f"{metric}_{tag}"] = value
     out["spearman"] = out["spearman_mean"]
     out["pearson"] = out["pearson_mean"]
     out["max_abs_diff_ab_ba"] = float(np.abs(ab - ba).max()) if len(ab) else 0.0
     return out
-
-
-def symmetrised(ab: np.ndarray, ba: np.ndarray) -> np.ndarray:
-    return (np.asarray(ab) + np.asarray(ba)) / 2
 
 
 def sts_from_embeddings(q1: Tensor, p1: Tensor, q2: Tensor, p2: Tensor, gold: np.ndarray,

@@ -24,8 +24,8 @@ from accelerate import Accelerator
 
 from magclip import distributed
 from magclip.config import ConfigError, dump_config, flatten, to_dict
-from magclip.io import atomic_write_json, umask_mode
-from magclip.metrics.ranks import save_per_query_outcomes
+from magclip.io import umask_mode
+from magclip.metrics.ranks import write_results_with_outcomes
 from magclip.training.checkpoints import (
     CHECKPOINTS_DIR,
     check_resume_config,
@@ -198,8 +198,7 @@ def write_results(results: dict[str, Any], run_dir: Path, accelerator: Accelerat
     results["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if accelerator.is_main_process:
         try:
-            save_per_query_outcomes(results, run_dir / "results.json")  # results.ranks.npz / .queries.npz, before results.json
-            atomic_write_json(run_dir / "results.json", results)
+            write_results_with_outcomes(run_dir / "results.json", results)  # + results.ranks.npz / .queries.npz
         except OSError as exn:
             release_run_dir(run_dir, accelerator)
             raise run_write_error(run_dir / "results.json", exn, "training finished; " + resume_hint(
