@@ -264,6 +264,40 @@ def run_child(cmd: list[str], threads: int, timeout: float = 900, label: str = "
     return result
 
 
+def clip_train_module(model: str):
+    """The CLIP training module the engine steps (the model's towers, the default loss and scale), random init."""
+    from magclip.config import LossConfig
+    from magclip.models.clip import create_clip
+    from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
+
+    loss = LossConfig()
+    return CLIPTrainModule(create_clip(model).model, build_loss(loss), build_logit_scale(loss))
+
+
+def clip_batch(batch: int, seed: int = 0, image_size: int = 32, text_length: int = 32) -> dict:
+    """One loader-shaped batch of random uint8 images and token ids (the engine normalizes on its device)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {"images": torch.randint(0, 255, (batch, 3, image_size, image_size), dtype=torch.uint8, generator=g),
+            "texts": torch.randint(1, 400, (batch, text_length), generator=g), "keys": [], "skipped": {}}
+
+
+def peak_matmul_gflops(dtype, n: int = 1024, reps: int = 5, device: str = "cpu") -> float:
+    """GFLOP/s of an n^3 matmul in `dtype` on `device`: the peak an MFU is quoted against, measured in the same run."""
+    import torch
+
+    a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a @ b
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
+
+
 def tree_pss_mb(pid: int) -> float:
     """Sum of PSS (proportional set size) over a process and its descendants, MiB; 0 if unreadable.
 

@@ -42,7 +42,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO, RESULTS_DIR, SCIFACT_DIR, child_env, machine_info, table, write_json  # noqa: E402
+from _common import (REPO, RESULTS_DIR, SCIFACT_DIR, child_env, clip_batch, clip_train_module,  # noqa: E402
+                     machine_info, peak_matmul_gflops, table, write_json)
 
 VARIANTS = {  # name -> TrainConfig lever keys
     "for_loop fp32 (before)": {"optimizer_impl": "for_loop", "channels_last": False},
@@ -57,23 +58,6 @@ WORKLOADS = ("tiny-resnet", "tiny-vit", "minilm")
 
 
 # ----------------------------------------------------------------------------- the step, in a child
-
-
-def _clip_module(model: str):
-    from magclip.config import LossConfig
-    from magclip.models.clip import create_clip
-    from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
-
-    loss = LossConfig()
-    return CLIPTrainModule(create_clip(model).model, build_loss(loss), build_logit_scale(loss))
-
-
-def _clip_batch(batch: int, seed: int = 0) -> dict:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    return {"images": torch.randint(0, 255, (batch, 3, 32, 32), dtype=torch.uint8, generator=g),
-            "texts": torch.randint(1, 400, (batch, 32), generator=g), "keys": [], "skipped": {}}
 
 
 def _text_module():
@@ -100,17 +84,6 @@ def _text_batch(encoder, batch: int) -> dict:
                                  skipped=skipped)))
 
 
-def _peak_gflops(dtype, n: int = 1024, reps: int = 5) -> float:
-    import torch
-
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
-
-
 def step_child(workload: str, variants: list[str], steps: int, batch: int, out: Path) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -123,12 +96,12 @@ def step_child(workload: str, variants: list[str], steps: int, batch: int, out: 
     for name in variants:
         levers = VARIANTS[name]
         torch.manual_seed(0)
-        module, encoder = (_text_module() if workload == "minilm" else (_clip_module(workload), None))
+        module, encoder = (_text_module() if workload == "minilm" else (clip_train_module(workload), None))
         cfg = TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, **levers)
         run_dir = Path(tempfile.mkdtemp(prefix="levers_"))
         engines[name] = Engine(cfg, make_accelerator(cfg, run_dir), module, run_dir, lambda e: [], 10 ** 6,
                                save_model=lambda m, d: None)
-        batches[name] = _text_batch(encoder, batch) if encoder is not None else _clip_batch(batch)
+        batches[name] = _text_batch(encoder, batch) if encoder is not None else clip_batch(batch)
     first = variants[0]
     with FlopCounterMode(display=False) as counter:
         engines[first]._train_step([batches[first]])
@@ -140,7 +113,7 @@ def step_child(workload: str, variants: list[str], steps: int, batch: int, out: 
         for _ in range(steps):
             engine._train_step([batches[name]])
         times[name] = (time.perf_counter() - t0) / steps * 1000
-    peaks = {"fp32": _peak_gflops(torch.float32), "bf16": _peak_gflops(torch.bfloat16)}
+    peaks = {"fp32": peak_matmul_gflops(torch.float32), "bf16": peak_matmul_gflops(torch.bfloat16)}
     write_json(out, {"workload": workload, "batch": batch, "flops_per_step": flops, "ms": times,
                      "peak_gflops": peaks, "levers": {n: e.levers for n, e in engines.items()},
                      "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
@@ -197,9 +170,9 @@ def compile_child(compiled: bool, steps: int, batch: int, out: Path) -> None:
     torch.manual_seed(0)
     cfg = TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, compile=compiled)
     run_dir = Path(tempfile.mkdtemp(prefix="levers_"))
-    engine = Engine(cfg, make_accelerator(cfg, run_dir), _clip_module("tiny-resnet"), run_dir, lambda e: [], 10 ** 6,
+    engine = Engine(cfg, make_accelerator(cfg, run_dir), clip_train_module("tiny-resnet"), run_dir, lambda e: [], 10 ** 6,
                     save_model=lambda m, d: None)
-    data = _clip_batch(batch)
+    data = clip_batch(batch)
     t0 = time.perf_counter()
     engine._train_step([data])
     first = time.perf_counter() - t0
