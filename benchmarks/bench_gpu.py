@@ -51,8 +51,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (RESULTS_DIR, clip_batch, clip_train_module, machine_info, median, peak_matmul_gflops,
-                     run_child, synthetic_urls, table, write_json)
+from _common import (
+    RESULTS_DIR,
+    clip_batch,
+    clip_train_module,
+    machine_info,
+    median,
+    peak_matmul_gflops,
+    run_child,
+    synthetic_urls,
+    table,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OC_PY = Path.home() / ".cache" / "magclip-bench" / "open_clip_train_venv" / "bin" / "python"

@@ -42,8 +42,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (REPO, RESULTS_DIR, SCIFACT_DIR, child_env, clip_batch, clip_train_module,  # noqa: E402
-                     machine_info, peak_matmul_gflops, table, write_json)
+from _common import (
+    REPO,
+    RESULTS_DIR,
+    SCIFACT_DIR,
+    child_env,
+    clip_batch,
+    clip_train_module,
+    machine_info,
+    peak_matmul_gflops,
+    table,
+    write_json,
+)
 
 VARIANTS = {  # name -> TrainConfig lever keys
     "for_loop fp32 (before)": {"optimizer_impl": "for_loop", "channels_last": False},
