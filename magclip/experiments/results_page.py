@@ -23,7 +23,10 @@ Placeholders (paths relative to the repository root):
                                                 the per-cell values (`cells`) when FILE keeps them,
                                                 else from the two rows' mean/std/n (unpaired: older
                                                 reports kept no per-seed values). `min`: lower is
-                                                better. FIELD: `line` (default: the whole computed
+                                                better. BASE may name a row of another grid's JSON
+                                                as `OTHER.json@labels` (the same recipe under another
+                                                loss): paired by seed from both files' cells.
+                                                FIELD: `line` (default: the whole computed
                                                 statement), `short` (difference, CI, verdict), `diff`,
                                                 `ci`, `verdict`, `mde`, `seeds` (seeds a true
                                                 difference of this size needs), `seeds@EFFECT` (seeds
@@ -44,7 +47,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from magclip.experiments import stats
 from magclip.experiments.grid import Column
@@ -97,7 +100,7 @@ def render(template: str, root: str | Path = ".") -> str:
                 raise RenderError(f"{args[0]}: key {args[1]!r} holds {value!r}, not a word")
             return str(value)
         if kind == "diff" and len(args) >= 3:
-            return _diff(load(args[0]), args[0], args[1], args[2], args[3:])
+            return _diff(load(args[0]), args[0], args[1], args[2], args[3:], load)
         if kind == "grid" and len(args) >= 3:
             stats = _grid_stats(load(args[0]), args[0], args[1], args[2])
             return _format(stats["mean"], stats.get("std"), args[3:])
@@ -124,10 +127,17 @@ def _labels(spec: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in spec.split(",") if "=" in part)
 
 
-def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list[str]) -> str:
+def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list[str],
+          load: Callable[[str], Any] | None = None) -> str:
     if ":" not in rows:
         raise RenderError(f"diff {name}: {rows!r} must be ROW:BASE, e.g. loss=qnorm:loss=cosine")
     row, base = rows.split(":", 1)
+    base_data, base_name = data, name
+    if "@" in base:  # OTHER.json@labels: the baseline row lives in another grid's report
+        if load is None:
+            raise RenderError(f"diff {name}: a baseline in another file ({base!r}) needs a loader")
+        base_name, base = base.split("@", 1)
+        base_data = load(base_name)
     fields = [o for o in options if o in DIFF_FIELDS or re.fullmatch(r"seeds@[0-9.e+-]+", o)]
     field = fields[0] if fields else "line"
     lower = "min" in options
@@ -144,13 +154,13 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
     want, want_base = _labels(row), _labels(base)
     found = [c for c in data.get("comparisons") or [] if c["column"] == column
              and all(str(c["labels"].get(k)) == v for k, v in want.items())
-             and all(str(c["baseline"].get(k)) == v for k, v in want_base.items())]
+             and all(str(c["baseline"].get(k)) == v for k, v in want_base.items())] if base_data is data else []
     if found:
         c = found[0]
     else:
-        c = _paired_from_cells(data, want, want_base, column, not lower)
+        c = _paired_from_cells(data, want, want_base, column, not lower, base_data)
         if c is None:
-            a = _grid_stats(data, name, base, column)
+            a = _grid_stats(base_data, base_name, base, column)
             b = _grid_stats(data, name, row, column)
             c = stats.compare_summary(a, b, higher_is_better=not lower).to_dict()
     col = Column(key=column, label=column, scale=scale, digits=digits)
@@ -185,20 +195,23 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
 
 
 def _paired_from_cells(data: dict[str, Any], row: dict[str, str], base: dict[str, str], column: str,
-                       higher_is_better: bool) -> dict[str, Any] | None:
+                       higher_is_better: bool, base_data: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A seed-level paired comparison from the per-cell values a newer report JSON keeps (`cells`),
-    for a pair of rows the report did not compare (e.g. dnorm − qnorm); None without cells."""
+    for a pair of rows the report did not compare (e.g. dnorm − qnorm), the baseline row from
+    `base_data` when given (another grid on the same seeds); None without cells."""
+    base_data = data if base_data is None else base_data
     cells = [c for c in data.get("cells") or [] if c.get("finished")]
-    if not cells or not data.get("rows"):
+    base_cells = [c for c in base_data.get("cells") or [] if c.get("finished")]
+    if not cells or not base_cells or not data.get("rows"):
         return None
     table = set(data["rows"][0]["labels"])
     paired_by = [k for k in cells[0] if k not in table and k not in ("cell", "finished", "stale", "values")]
 
-    def values(labels: dict[str, str]) -> dict[tuple, float]:
-        return {tuple(c[k] for k in paired_by): c["values"].get(column) for c in cells
+    def values(source: list[dict], labels: dict[str, str]) -> dict[tuple, float]:
+        return {tuple(c.get(k) for k in paired_by): c["values"].get(column) for c in source
                 if all(str(c.get(k)) == v for k, v in labels.items()) and c["values"].get(column) is not None}
 
-    a, b = values(base), values(row)
+    a, b = values(base_cells, base), values(cells, row)
     keys = [k for k in a if k in b]
     if not keys:
         return None

@@ -22,6 +22,7 @@ t test) rather than (z_0.975 + z_0.8)·sd/√n, which is too optimistic for 2-5 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import asdict, dataclass
@@ -127,7 +128,7 @@ def t_power(effect: float, sd: float, n: int, *, alpha: float = 1 - CONFIDENCE, 
     when the differences have standard deviation `sd` (noncentral t, noncentrality effect·√n/sd).
     `df` (default n - 1): 2(n - 1) for two independent groups of n runs, whose difference of
     means has the standard error sd/√n with sd² = s_a² + s_b²."""
-    from scipy import integrate
+    from scipy import integrate, special
     from scipy import stats as st
 
     if n < 2 or not sd > 0:
@@ -137,9 +138,14 @@ def t_power(effect: float, sd: float, n: int, *, alpha: float = 1 - CONFIDENCE, 
     ncp = abs(effect) * math.sqrt(n) / sd
     power = float(st.nct.sf(crit, df, ncp) + st.nct.cdf(-crit, df, ncp))
     if math.isnan(power):  # scipy's nct fails for some (df, ncp), e.g. df = 1: integrate over the chi² instead
+        log_norm = (df / 2) * math.log(2) + math.lgamma(df / 2)
+
         def rejects(v: float) -> float:  # P(|Z + ncp| > crit·sqrt(v/df)) times the chi²(df) density at v
+            if v <= 0:
+                return 0.0
             c = crit * math.sqrt(v / df)
-            return (st.norm.sf(c - ncp) + st.norm.cdf(-c - ncp)) * st.chi2.pdf(v, df)
+            density = math.exp((df / 2 - 1) * math.log(v) - v / 2 - log_norm)
+            return float(special.ndtr(ncp - c) + special.ndtr(-c - ncp)) * density
         power = float(integrate.quad(rejects, 0, math.inf)[0])
     return min(1.0, power)
 
@@ -147,15 +153,22 @@ def t_power(effect: float, sd: float, n: int, *, alpha: float = 1 - CONFIDENCE, 
 def mde_t(sd: float, n: int, *, power: float = POWER, alpha: float = 1 - CONFIDENCE, df: float | None = None) -> float:
     """Smallest true difference the paired t test on n seeds detects with the given power (`df`: as
     in `t_power`)."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    return sd * _mde_in_sd_units(n, power, alpha, df)
+
+
+@functools.lru_cache(maxsize=256)
+def _mde_in_sd_units(n: int, power: float, alpha: float, df: float | None) -> float:
+    """The MDE for sd = 1 (it scales with sd), cached: a results page asks it for the same few (n, df)
+    dozens of times, and at small df each power evaluation is a numerical integral."""
     from scipy import optimize
     from scipy import stats as st
 
-    if n < 2 or not sd > 0:
-        return math.nan
-    hi = (st.norm.ppf(1 - alpha / 2) + st.norm.ppf(power)) / math.sqrt(n)   # in units of sd: scale-free
+    hi = (st.norm.ppf(1 - alpha / 2) + st.norm.ppf(power)) / math.sqrt(n)
     while t_power(hi, 1.0, n, alpha=alpha, df=df) < power:
         hi *= 2
-    return sd * float(optimize.brentq(lambda e: t_power(e, 1.0, n, alpha=alpha, df=df) - power, 0.0, hi, xtol=1e-12))
+    return float(optimize.brentq(lambda e: t_power(e, 1.0, n, alpha=alpha, df=df) - power, 0.0, hi, xtol=1e-12))
 
 
 def mde_normal(se: float, *, power: float = POWER, alpha: float = 1 - CONFIDENCE) -> float:

@@ -57,6 +57,31 @@ def test_diff_from_summary_rows_is_computed_unpaired(tmp_path):
     assert render(f"{{{{diff grid.json {key} min verdict}}}}", tmp_path) == stats.NO_DIFFERENCE
 
 
+def test_diff_against_a_row_of_another_grid_pairs_by_seed(tmp_path):
+    """`ROW:OTHER.json@BASE`: the same recipe under another loss, paired seed by seed from both files' cells
+    (a seed missing from either side is left out), equal to stats.compare on the per-seed differences."""
+    from magclip.experiments import stats
+
+    def grid(name: str, values: dict[str, list[float]]) -> None:
+        cells = [{"cell": f"loss={loss},seed={s}", "loss": loss, "seed": str(s), "finished": True, "stale": False,
+                  "values": {"val.R@1": v}} for loss, vs in values.items() for s, v in enumerate(vs)]
+        rows = [{"labels": {"loss": loss}, "stats": {"val.R@1": {"mean": sum(vs) / len(vs), "std": 0.0, "n": len(vs)}}}
+                for loss, vs in values.items()]
+        (tmp_path / name).write_text(json.dumps({"rows": rows, "cells": cells}))
+
+    grid("siglip.json", {"cosine": [0.30, 0.28, 0.33, 0.31], "qnorm": [0.25, 0.27, 0.26, 0.24]})
+    grid("softmax.json", {"cosine": [0.26, 0.25, 0.27], "qnorm": [0.27, 0.26, 0.28]})
+    expected = stats.compare([0.30 - 0.26, 0.28 - 0.25, 0.33 - 0.27])
+    from magclip.experiments.report import interval
+
+    key = "loss=cosine:softmax.json@loss=cosine val.R@1 x100 .2"
+    assert render(f"{{{{diff siglip.json {key} ci}}}} {{{{diff siglip.json {key} n}}}}", tmp_path) == \
+        f"{interval(expected.seed_low, expected.seed_high, 100, 2)} 3"
+    assert render(f"{{{{diff siglip.json {key} diff}}}}", tmp_path) == f"+{100 * expected.diff:.2f}"
+    with pytest.raises(RenderError, match="nope.json: no such file"):
+        render("{{diff siglip.json loss=cosine:nope.json@loss=cosine val.R@1}}", tmp_path)
+
+
 @pytest.mark.parametrize("bad, message", [
     ("{{diff grid.json loss=qnorm metrics.scifact/ndcg@10}}", "must be ROW:BASE"),
     ("{{diff grid.json loss=qnorm:loss=cosine metrics.scifact/ndcg@10 pm}}", "unknown option"),
