@@ -200,6 +200,7 @@ class TextDataConfig:
     group_size: int = 1                    # documents per query: 1 positive + group_size-1 hard negatives
     passage_max_tokens: int | None = None  # training truncation of documents; None: model.passage_max_length
     passage_min_tokens: int | None = None  # set: each document cut at a length drawn from [min, max] (length-varied)
+    no_duplicates: bool = True             # no text twice in a global batch (no false in-batch negatives)
 
 
 @dataclass

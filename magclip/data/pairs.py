@@ -9,7 +9,13 @@ counted by reason and reported; it never stops the run.
 
 `PairBatches` yields this rank's micro-batches of one epoch: a seeded permutation of all records
 (the same on every rank), cut into global batches of batch_size x world_size; rank r takes the r-th
-slice, so ranks never share a record within an epoch. Each record contributes its query and a group
+slice, so ranks never share a record within an epoch. With `no_duplicates` (the default, as
+sentence-transformers' NoDuplicatesBatchSampler) a record whose query, positive or negative text is
+already in the global batch waits for a later one: in SQuAD several questions share a paragraph, and
+with in-batch negatives one question's positive would be scored as the other's negative (a false
+negative), as would a mined negative that is another question's positive. When an epoch runs out
+of records that fit, waiting records fill the batch unchecked; both counts are kept
+(`PairBatches.duplicates`). Each record contributes its query and a group
 of `group_size` documents: one positive, then group_size - 1 negatives (drawn without replacement
 when it has enough, with replacement when it has fewer; a record with none gets positives of other
 records as random negatives; `PairBatches.negative_shortfall` counts those records). Batches are tokenized with the
@@ -28,7 +34,7 @@ import json
 import logging
 import random
 import tarfile
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -159,7 +165,7 @@ class PairBatches:
     def __init__(self, records: list[PairRecord], tokenize: Callable[..., dict[str, torch.Tensor]],
                  batch_size: int, group_size: int = 1, *, epoch: int = 0, seed: int = 0, rank: int = 0,
                  world_size: int = 1, skipped: Counter | None = None,
-                 passage_tokens: int | tuple[int, int] | None = None):
+                 passage_tokens: int | tuple[int, int] | None = None, no_duplicates: bool = True):
         if batch_size < 1 or group_size < 1:
             raise ValueError("batch_size and group_size must be >= 1")
         if isinstance(passage_tokens, tuple) and not 1 <= passage_tokens[0] <= passage_tokens[1]:
@@ -171,6 +177,9 @@ class PairBatches:
         self.group_size = group_size
         self.epoch, self.seed, self.rank, self.world_size = epoch, seed, rank, world_size
         self.num_batches = len(records) // (batch_size * world_size)
+        self.no_duplicates = no_duplicates
+        self._text_keys: list[frozenset[int]] | None = None
+        self.duplicates = {"deferred": 0, "filled_unchecked": 0}  # of the last epoch composed
         # read-time skips, reported once (rank 0, first batch of epoch 0) so the engine's counts include them
         self._skipped_once = dict(skipped or {}) if rank == 0 else {}
         need = group_size - 1
@@ -182,13 +191,48 @@ class PairBatches:
         return self.num_batches
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        for t, global_idx in enumerate(self.global_batches()):
+            idx = global_idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+            yield self.collate(idx, first=(t == 0))
+
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's global batches (record indices), the same on every rank."""
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         order = torch.randperm(len(self.records), generator=g).tolist()
-        global_batch = self.batch_size * self.world_size
-        for t in range(self.num_batches):
-            start = t * global_batch + self.rank * self.batch_size
-            idx = order[start:start + self.batch_size]
-            yield self.collate(idx, first=(t == 0))
+        size = self.batch_size * self.world_size
+        if not self.no_duplicates:
+            return [order[t * size:(t + 1) * size] for t in range(self.num_batches)]
+        return self._without_duplicates(order, size)
+
+    def _without_duplicates(self, order: list[int], size: int, scan_limit: int = 64) -> list[list[int]]:
+        """Greedy, in permutation order: a record joins the batch being built unless one of its texts is
+        already there; then it waits (ahead of later records) for the next batch. A batch that finds no
+        more fitting records within `scan_limit` x its size candidates, or at the end of the epoch, is
+        filled with waiting records anyway, unchecked (counted)."""
+        if self._text_keys is None:
+            self._text_keys = [frozenset(hash(t) for t in (r.query, *r.positives, *r.negatives)) for r in self.records]
+        keys, queue, waiting = self._text_keys, deque(order), deque()
+        deferred = kept = 0
+        batches = []
+        for _ in range(self.num_batches):
+            batch, seen, retry, waiting = [], set(), waiting, deque()
+            scanned = 0
+            while len(batch) < size and (retry or queue) and scanned < scan_limit * size:
+                i = retry.popleft() if retry else queue.popleft()
+                scanned += 1
+                if seen.isdisjoint(keys[i]):
+                    batch.append(i)
+                    seen.update(keys[i])
+                else:
+                    waiting.append(i)
+                    deferred += 1
+            waiting = retry + waiting
+            while len(batch) < size:  # nothing else fits: fill with records that share a text
+                batch.append(waiting.popleft() if waiting else queue.popleft())
+                kept += 1
+            batches.append(batch)
+        self.duplicates = {"deferred": deferred, "filled_unchecked": kept}
+        return batches
 
     def collate(self, idx: list[int], first: bool = False) -> dict[str, Any]:
         queries, docs, lengths = [], [], []

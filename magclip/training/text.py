@@ -127,10 +127,13 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     def make_loader(epoch: int) -> PairBatches:
         return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
                            seed=cfg.train.seed, rank=accelerator.process_index, world_size=accelerator.num_processes,
-                           skipped=read_skips, passage_tokens=passage_tokens)
+                           skipped=read_skips, passage_tokens=passage_tokens, no_duplicates=cfg.data.no_duplicates)
 
     first = make_loader(0)
     steps_per_epoch = first.num_batches // cfg.train.accum_freq
+    first.global_batches()  # epoch 0 composed once here: its duplicate counts go to the log and results.json
+    if cfg.data.no_duplicates:
+        log.info("global batches without a text twice (epoch 0): %s", first.duplicates)
     if any(first.negative_shortfall.values()) and cfg.data.group_size > 1:
         log.warning("records short of %d hard negatives: %s (sampled with replacement / random positives)",
                     cfg.data.group_size - 1, first.negative_shortfall)
@@ -170,6 +173,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
+        "no_duplicates": cfg.data.no_duplicates, "batch_duplicates_epoch0": first.duplicates,
         "train_passage_tokens": list(passage_tokens) if isinstance(passage_tokens, tuple)
         else passage_tokens or encoder.settings.passage_max_length,
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,

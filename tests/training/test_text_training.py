@@ -75,6 +75,44 @@ def test_pair_batches_groups_ranks_and_determinism(tmp_path):
     assert again == per_rank[0] and other_epoch != again
 
 
+def test_no_text_twice_in_a_global_batch(tmp_path):
+    """SQuAD's shape: several questions share one paragraph, and a mined negative may be another
+    question's positive. Without the check such pairs share batches (false in-batch negatives); with it
+    (the default) no global batch holds a text twice, every rank slices the same global batches, and
+    the records a batch had to wait for are counted."""
+    rows = [{"query": f"question {i}", "positive": f"paragraph {i // 2}",
+             "negatives": [f"paragraph {(i // 2 + 1) % 30}"]} for i in range(60)]
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    records, _ = read_pairs(f)
+
+    def texts(idx: list[int]) -> list[str]:
+        return [t for i in idx for t in (records[i].query, *records[i].positives, *records[i].negatives)]
+
+    def collisions(pb: PairBatches) -> int:
+        return sum(len(texts(b)) - len(set(texts(b))) for b in pb.global_batches())
+
+    plain = PairBatches(records, fake_tokenize, 4, group_size=2, no_duplicates=False, epoch=3)
+    assert collisions(plain) > 0  # the check is needed on this data
+    checked = PairBatches(records, fake_tokenize, 4, group_size=2, epoch=3)
+    batches = checked.global_batches()
+    assert len(batches) == 15 and all(len(b) == 4 for b in batches)
+    assert collisions(checked) == 0 and checked.duplicates["deferred"] > 0
+    assert checked.duplicates["filled_unchecked"] == 0
+    assert len({i for b in batches for i in b}) == 60  # every record once
+    # 2 ranks x 2 take the same global batches as 1 x 4
+    per_rank = [[b["keys"] for b in PairBatches(records, fake_tokenize, 2, group_size=2, epoch=3, rank=r,
+                                                world_size=2)] for r in (0, 1)]
+    assert [a + b for a, b in zip(*per_rank)] == [[str(i) for i in b] for b in batches]
+    # records that can only collide (one shared positive) still fill every batch, counted
+    same = [{"query": f"q{i}", "positive": "the only paragraph"} for i in range(12)]
+    g = tmp_path / "same.jsonl"
+    g.write_text("\n".join(json.dumps(r) for r in same) + "\n")
+    only, _ = read_pairs(g)
+    crowded = PairBatches(only, fake_tokenize, 4)
+    assert [len(b) for b in crowded.global_batches()] == [4, 4, 4] and crowded.duplicates["filled_unchecked"] == 9
+
+
 def test_sampled_passage_truncation_is_per_document_and_batch_independent(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in toy_rows(16)) + "\n")
