@@ -39,7 +39,7 @@ RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
     "train.val_every", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
-    "train.compile", "train.compile_mode", "train.report_to",
+    "train.compile", "train.compile_mode", "train.report_to", "loss.logit_scale_from_norms",
 )
 RESUME_CAVEATS = {
     "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
@@ -47,6 +47,7 @@ RESUME_CAVEATS = {
     "data.workers": "the epoch in progress is read in another sample order",
     **{f"train.{k}": "a speed lever: the run continues the same experiment, rounded differently from an unbroken run"
        for k in ("optimizer_impl", "channels_last", "compile", "compile_mode")},
+    "loss.logit_scale_from_norms": "a starting point only: the resumed run keeps its checkpoint's scale",
 }
 POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
 
@@ -102,7 +103,8 @@ class LossConfig:
     logit_scale_init: float | None = None     # None: the mode's default (magclip.temperature)
     logit_scale_learnable: bool | None = None
     logit_scale_max: float | None = None
-    logit_scale_from_norms: bool = False      # start every mode at cosine's effective temperature
+    logit_scale_from_norms: bool | None = None  # start at cosine's effective temperature on batch 1; None:
+                                                # the measured default (siglip with a raw side: yes; see temperature.py)
     logit_bias_init: float | None = None      # siglip: None = -10 (open_clip's SigLIP init, every mode)
     logit_bias_learnable: bool = True
 

@@ -18,10 +18,16 @@ A fixed scale of 1 under-trains the raw modes when norms stay small, so the scal
 by default.
 
 The sigmoid loss (SigLIP) has a learnable logit bias as well (`LogitBias`): cosine starts at open_clip's
-SigLIP point (scale 10, bias -10); a mode with a raw side at scale 1 (the magnitude is the
-temperature, as above) and the same bias -10. The bias is a prior in logit units: at the start a
-pair's score is about 0 whatever the mode (random features), so -10 makes every pair a confident
-negative (sigmoid(-10) = 4.5e-5) in every mode alike, and the scale alone sets how fast scores move. `match_cosine_temperature` gives every mode the same *effective* starting temperature
+SigLIP point (scale 10, bias -10); a mode with a raw side starts at cosine's *effective* temperature
+(`starts_from_norms`: the scale is set on the first batch so that scale x E||image||^(1-g) x
+E||text||^(1-g) = 10) with the same bias -10. Measured (configs/compare/siglip_synthetic.yaml, 2
+seeds): started at scale 1 instead, dot, qnorm and dnorm lost to siglip cosine by 2-13 R@1 points;
+started matched, each was above its scale-1 run in all 12 (mode, metric) cells and level with or
+above cosine on image->text (R@10 +4.4 and +5.7, decided, for qnorm and dot) -- at scale 1 their
+initial norms (several units) made the logits several times sharper than cosine's. The bias is a
+prior in logit units: at the start a pair's score is about 0 whatever the mode (random features), so
+-10 makes every pair a confident negative (sigmoid(-10) = 4.5e-5) in every mode alike; it ended
+within 0.1 of -10 in every measured run, so it needs no per-mode value. `match_cosine_temperature` gives every mode the same *effective* starting temperature
 (a run's `logit_scale_from_norms`): the scale is set so that scale * E[||q||^(1-gq)] * E[||d||^(1-gd)]
 equals the cosine scale.
 """
@@ -61,6 +67,16 @@ def cosine_scale_for(loss_type: str) -> float:
     """The scale cosine starts at with this CLIP loss type (clip: 1/0.07; siglip: 10); the raw modes'
     defaults and `match_cosine_temperature` are relative to it."""
     return SIGLIP_INIT_SCALE if loss_type == "siglip" else CLIP_INIT_SCALE
+
+
+def starts_from_norms(loss_type: str, modes: str | Iterable[str], configured: bool | None = None) -> bool:
+    """Whether the run's scale is set from the first batch's norms (`match_cosine_temperature`):
+    `configured` when the config says so, else the measured default -- yes for the sigmoid loss with a
+    raw side (see the module docstring), no otherwise (the softmax loss keeps scale 1 for raw modes)."""
+    if configured is not None:
+        return configured
+    modes = {modes} if isinstance(modes, str) else set(modes)
+    return loss_type == "siglip" and modes != {"cosine"}
 
 
 def default_logit_scale(modes: str | Iterable[str], cosine_scale: float = CLIP_INIT_SCALE) -> ScaleDefaults:

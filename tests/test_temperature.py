@@ -71,3 +71,13 @@ def test_matching_cosine_is_exactly_cosines_scale_for_unit_vectors():
     assert scale_matching_cosine(Scorer("cosine"), q, d, 20.0) == 20.0
     assert scale_matching_cosine(Scorer("learnable", 1.0, 1.0), q, d, 20.0) == 20.0
     assert scale_matching_cosine(Scorer("dot"), q, d, 20.0) != 20.0
+
+
+def test_the_sigmoid_loss_starts_a_raw_side_at_cosines_effective_temperature_by_default():
+    """The measured default (magclip/temperature.py): siglip with a raw side matches cosine's effective
+    temperature on the first batch; siglip cosine and the softmax loss do not; a configured value wins."""
+    from magclip.temperature import starts_from_norms
+
+    assert starts_from_norms("siglip", "dot") and starts_from_norms("siglip", ["learnable"])
+    assert not starts_from_norms("siglip", "cosine") and not starts_from_norms("clip", ["qnorm", "qnorm"])
+    assert not starts_from_norms("siglip", "dot", configured=False) and starts_from_norms("clip", "dot", configured=True)

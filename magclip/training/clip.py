@@ -23,7 +23,14 @@ from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
-from magclip.temperature import SIGLIP_INIT_BIAS, LogitBias, LogitScale, cosine_scale_for, match_cosine_temperature
+from magclip.temperature import (
+    SIGLIP_INIT_BIAS,
+    LogitBias,
+    LogitScale,
+    cosine_scale_for,
+    match_cosine_temperature,
+    starts_from_norms,
+)
 from magclip.training.engine import Engine, TrainModule, make_accelerator
 from magclip.training.run import (
     latest_checkpoint,
@@ -88,11 +95,24 @@ def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
                     local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad)
 
 
+def trained_modes(cfg: LossConfig) -> list[str]:
+    """The scoring modes the loss trains: the sigmoid loss's one, or every kept direction's."""
+    return [cfg.mode] if cfg.type == "siglip" else [m for m in (cfg.i2t, cfg.t2i) if m is not None]
+
+
 def build_logit_scale(cfg: LossConfig) -> LogitScale:
     """The trained modes' defaults (magclip.temperature), each overridable by the config."""
-    modes = [cfg.mode] if cfg.type == "siglip" else [m for m in (cfg.i2t, cfg.t2i) if m is not None]
-    return LogitScale.for_mode(modes, cfg.logit_scale_init, cfg.logit_scale_learnable, cfg.logit_scale_max,
-                               cosine_scale=cosine_scale_for(cfg.type))
+    return LogitScale.for_mode(trained_modes(cfg), cfg.logit_scale_init, cfg.logit_scale_learnable,
+                               cfg.logit_scale_max, cosine_scale=cosine_scale_for(cfg.type))
+
+
+def scale_from_norms(cfg: RunConfig) -> bool:
+    """loss.logit_scale_from_norms, or where unset the measured default (`starts_from_norms`), which gives
+    way to a scale the run already has: loss.logit_scale_init, or a pretrained model's own scale."""
+    loss = cfg.loss
+    if loss.logit_scale_from_norms is None and (loss.logit_scale_init is not None or cfg.model.pretrained):
+        return False
+    return starts_from_norms(loss.type, trained_modes(loss), loss.logit_scale_from_norms)
 
 
 def build_logit_bias(cfg: LossConfig) -> LogitBias | None:
@@ -145,7 +165,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
                                  rank=accelerator.process_index, world_size=accelerator.num_processes)
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
-    if cfg.loss.logit_scale_from_norms and cfg.train.resume is None:
+    if scale_from_norms(cfg) and cfg.train.resume is None:
         _match_cosine_temperature(module, make_loader(0), cosine_scale_for(cfg.loss.type))
 
     def eval_loader(urls: str):
@@ -204,7 +224,7 @@ def keep_pretrained_temperature(module: CLIPTrainModule, cfg: RunConfig) -> None
     the config sets them (loss.logit_scale_init, loss.logit_scale_from_norms, loss.logit_bias_init)."""
     clip = module.clip.clip
     taken = []
-    if cfg.loss.logit_scale_init is None and not cfg.loss.logit_scale_from_norms:
+    if cfg.loss.logit_scale_init is None and not scale_from_norms(cfg):
         scale = float(clip.logit_scale.detach().exp())
         max_scale = module.logit_scale.max_scale
         module.logit_scale.set_(min(scale, max_scale) if max_scale is not None else scale)

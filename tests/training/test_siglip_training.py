@@ -6,6 +6,8 @@ keys are refused by name."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,14 +33,27 @@ def args(out: Path, synth: Path, name: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["cosine", "dot", "qnorm", "dnorm", "learnable"])
-def test_every_mode_trains(tmp_path, synth_root, mode):
+def test_every_mode_trains(tmp_path, synth_root, mode, caplog):
+    caplog.set_level(logging.INFO, logger="magclip.temperature")
     results = train_clip(load_config(None, args(tmp_path, synth_root, mode, f"loss.mode={mode}", "train.max_steps=2")))
     assert results["loss_type"] == "siglip" and results["scorers"]["i2t"]["mode"] == mode
     assert results["steps"] == 2 and results["logit_bias"] != -10.0  # learnable: it moved
-    start = {"cosine": 10.0}.get(mode, 1.0)  # magclip.temperature: cosine 10, a raw side 1
+    # magclip.temperature: cosine at 10; a raw side at cosine's effective temperature on the first batch
+    matched = [float(m.group(1)) for r in caplog.records
+               if (m := re.match(r"logit scale set from initial norms: ([0-9.e+-]+)", r.getMessage()))]
+    assert matched == ([] if mode == "cosine" else [pytest.approx(matched[0])]) and (mode == "cosine" or matched[0] != 1.0)
+    start = 10.0 if mode == "cosine" else matched[0]
     records = [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
-    assert abs(records[0]["logit_scale"] - start) < 0.1 and "logit_bias" in records[0]
+    assert abs(records[0]["logit_scale"] - start) < 0.01 * start + 0.01 and "logit_bias" in records[0]
     assert "image_to_text_R@1" in results["metrics"]
+
+
+def test_a_raw_side_can_start_at_scale_1_as_asked(tmp_path, synth_root):
+    """The measured default (matched) gives way to an explicit setting: from_norms=false or a given init."""
+    for name, extra in (("not_matched", "loss.logit_scale_from_norms=false"), ("given", "loss.logit_scale_init=2.0")):
+        train_clip(load_config(None, args(tmp_path, synth_root, name, "loss.mode=dot", "train.max_steps=1", extra)))
+        first = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert abs(first["logit_scale"] - {"not_matched": 1.0, "given": 2.0}[name]) < 0.05
 
 
 def test_resume_is_bit_identical(tmp_path, synth_root):
