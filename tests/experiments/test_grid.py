@@ -262,8 +262,9 @@ def test_parallel_cells_overlap_and_report_like_sequential_ones(tmp_path):
 
 @pytest.mark.parametrize("name, cells, launcher", [("synthetic", 16, "clip"), ("clip_emoji", 12, "clip"),
                                                    ("clip_emoji_seeds", 20, "clip"), ("clip_emoji_gpu", 60, "clip"),
-                                                   ("text_beir", 5, "text"), ("siglip_synthetic", 10, "clip"),
-                                                   ("siglip_emoji", 25, "clip"), ("text_squad", 15, "text")])
+                                                   ("text_beir", 5, "text"), ("siglip_synthetic", 18, "clip"),
+                                                   ("siglip_emoji", 25, "clip"), ("text_squad", 15, "text"),
+                                                   ("text_squad_gpu", 15, "text")])
 def test_shipped_grids_load_validate_and_print(name, cells, launcher, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     path = f"configs/compare/{name}.yaml"
