@@ -21,8 +21,9 @@ and the loss, `torch.utils.flop_counter`, counted once in a child at batch 4) x 
 bf16 (fp32 with --tiny) matmul measured on the same device in the same run.
 
 A time budget (`--budget-s`, default 500 s) is checked before every run: a run is started only if
-the slowest run so far still fits, and the JSON is rewritten after every run, so a cut-off leaves
-what was measured. GPU memory: torch.cuda.max_memory_allocated/reserved of each trainer; host
+the slowest run of its kind so far (of any kind, before the first) still fits; a run that fails (out
+of memory, cut at the budget) is recorded and the rest go on; the JSON is rewritten after every run,
+so a cut-off leaves what was measured. GPU memory: torch.cuda.max_memory_allocated/reserved of each trainer; host
 memory: the peak PSS of each trainer's whole process tree (loader workers included), sampled every
 0.5 s, and the largest single process's RSS.
 

@@ -179,7 +179,8 @@ class PairBatches:
         self.num_batches = len(records) // (batch_size * world_size)
         self.no_duplicates = no_duplicates
         self._text_keys: list[frozenset[int]] | None = None
-        self.duplicates = {"deferred": 0, "filled_unchecked": 0}  # of the last epoch composed
+        self._global_batches: list[list[int]] | None = None  # this epoch's, composed once
+        self.duplicates = {"deferred": 0, "filled_unchecked": 0}  # set when the epoch is composed
         # read-time skips, reported once (rank 0, first batch of epoch 0) so the engine's counts include them
         self._skipped_once = dict(skipped or {}) if rank == 0 else {}
         need = group_size - 1
@@ -196,13 +197,14 @@ class PairBatches:
             yield self.collate(idx, first=(t == 0))
 
     def global_batches(self) -> list[list[int]]:
-        """This epoch's global batches (record indices), the same on every rank."""
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(len(self.records), generator=g).tolist()
-        size = self.batch_size * self.world_size
-        if not self.no_duplicates:
-            return [order[t * size:(t + 1) * size] for t in range(self.num_batches)]
-        return self._without_duplicates(order, size)
+        """This epoch's global batches (record indices), the same on every rank; composed on first use."""
+        if self._global_batches is None:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(len(self.records), generator=g).tolist()
+            size = self.batch_size * self.world_size
+            self._global_batches = (self._without_duplicates(order, size) if self.no_duplicates
+                                    else [order[t * size:(t + 1) * size] for t in range(self.num_batches)])
+        return self._global_batches
 
     def _without_duplicates(self, order: list[int], size: int, scan_limit: int = 64) -> list[list[int]]:
         """Greedy, in permutation order: a record joins the batch being built unless one of its texts is
@@ -212,7 +214,7 @@ class PairBatches:
         if self._text_keys is None:
             self._text_keys = [frozenset(hash(t) for t in (r.query, *r.positives, *r.negatives)) for r in self.records]
         keys, queue, waiting = self._text_keys, deque(order), deque()
-        deferred = kept = 0
+        deferred = unchecked = 0
         batches = []
         for _ in range(self.num_batches):
             batch, seen, retry, waiting = [], set(), waiting, deque()
@@ -227,11 +229,11 @@ class PairBatches:
                     waiting.append(i)
                     deferred += 1
             waiting = retry + waiting
-            while len(batch) < size:  # nothing else fits: fill with records that share a text
+            while len(batch) < size:  # nothing else fitted in time: fill without the check
                 batch.append(waiting.popleft() if waiting else queue.popleft())
-                kept += 1
+                unchecked += 1
             batches.append(batch)
-        self.duplicates = {"deferred": deferred, "filled_unchecked": kept}
+        self.duplicates = {"deferred": deferred, "filled_unchecked": unchecked}
         return batches
 
     def collate(self, idx: list[int], first: bool = False) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
 
     first = make_loader(0)
     steps_per_epoch = first.num_batches // cfg.train.accum_freq
-    first.global_batches()  # epoch 0 composed once here: its duplicate counts go to the log and results.json
+    first.global_batches()  # epoch 0 composed here (once): its duplicate counts go to the log and results.json
     if cfg.data.no_duplicates:
         log.info("global batches without a text twice (epoch 0): %s", first.duplicates)
     if any(first.negative_shortfall.values()) and cfg.data.group_size > 1:
