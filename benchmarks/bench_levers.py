@@ -20,7 +20,11 @@ step (the compile) and the steady steps after it; break-even = compile time / (e
 
 mainjob: `train/clip.py` with the README's defaults (tiny ResNet, synthetic shards, the real loader),
 seeds 0..N-1, alternating this checkout and a `git worktree` of --before (the commit before the
-levers): samples/s (the run's own training time) and final val R@1 per seed.
+levers): samples/s (the run's own training time) and final val R@1 per seed. --side-by-side runs the
+two checkouts of a seed at once (both under the same load, so their ratio stays fair) for recipes
+too long to run one after the other, e.g. the emoji recipe (the buffer pinned: its default changed):
+    python benchmarks/bench_levers.py --part mainjob --side-by-side --recipe configs/clip/emoji.yaml \
+        --extra data.shuffle_buffer=1000 --out benchmarks/results/levers_emoji.json
 
 encode: eval/beir.py's encoding of a SciFact subset by MiniLM, --precision fp32 vs bf16, alternating:
 documents/s and nDCG@10.
@@ -37,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,17 +221,20 @@ def part_compile(a) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the main job, before vs after
 
 
-def _main_job(checkout: Path, name: str, seed: int, out_dir: Path, threads: int, extra: list[str]) -> dict[str, Any]:
+def _main_job(checkout: Path, name: str, seed: int, out_dir: Path, threads: int, recipe: str | None,
+              extra: list[str]) -> dict[str, Any]:
     env = {**child_env(threads), "PYTHONPATH": str(checkout)}
-    cmd = [sys.executable, str(checkout / "train" / "clip.py"), f"name={name}", f"output_dir={out_dir}",
-           f"train.seed={seed}", *extra]
+    cmd = [sys.executable, str(checkout / "train" / "clip.py"), *(["--config", recipe] if recipe else []),
+           f"name={name}", f"output_dir={out_dir}", f"train.seed={seed}", *extra]
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=checkout, env=env, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     results = json.loads((out_dir / name / "results.json").read_text())
     records = [json.loads(x) for x in (out_dir / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    rates = [r["samples_per_s"] for r in records if "samples_per_s" in r][1:]  # the first window holds start-up
-    return {"wall_s": wall, "train_s": results["wall_time_s"], "samples_per_s": statistics.median(rates),
+    rates = [r["samples_per_s"] for r in records if "samples_per_s" in r]
+    rates = rates[1:] or rates  # the first window holds start-up; a --tiny run may have only that one
+    return {"wall_s": wall, "train_s": results["wall_time_s"],
+            "samples_per_s": statistics.median(rates) if rates else float("nan"),
             "r1_i2t": results["metrics"]["image_to_text_R@1"], "r1_t2i": results["metrics"]["text_to_image_R@1"]}
 
 
@@ -234,14 +242,19 @@ def part_mainjob(a) -> dict[str, Any]:
     before = Path(tempfile.mkdtemp(prefix="before_")) / "tree"
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(before), a.before], check=True,
                    capture_output=True)
+    if (REPO.parent / "shared").is_dir():  # so that a recipe's ../shared/data paths mean the same data
+        (before.parent / "shared").symlink_to(REPO.parent / "shared")
     out = Path(tempfile.mkdtemp(prefix="mainjob_"))
     res: dict[str, list[dict]] = {"before": [], "after": []}
+    trees = (("before", before), ("after", REPO))
     try:
         for seed in range(a.seeds):
-            for label, tree in (("before", before), ("after", REPO)):
-                r = _main_job(tree, f"{label}_{seed}", seed, out, a.threads, a.extra)
-                res[label].append(r)
-                print(label, seed, {k: round(v, 4) for k, v in r.items()}, flush=True)
+            with ThreadPoolExecutor(2 if a.side_by_side else 1) as pool:
+                runs = [pool.submit(_main_job, tree, f"{label}_{seed}", seed, out, a.threads, a.recipe, a.extra)
+                        for label, tree in trees]
+                for (label, _), run in zip(trees, runs):
+                    res[label].append(run.result())
+                    print(label, seed, {k: round(v, 4) for k, v in res[label][-1].items()}, flush=True)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], capture_output=True)
     rows = []
@@ -292,6 +305,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3, help="mainjob: seeds per checkout")
     p.add_argument("--before", default="4fd47cd", help="mainjob: the commit before the levers")
     p.add_argument("--extra", nargs="*", default=[], help="mainjob: overrides for both checkouts")
+    p.add_argument("--recipe", default=None, help="mainjob: a config file (relative to the repository) for both checkouts")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="mainjob: run before and after of one seed at the same time (one core each), for long recipes")
     p.add_argument("--max-docs", type=int, default=2000, help="encode: SciFact subset size")
     p.add_argument("--tiny", action="store_true", help="smoke check: 1 round, 1 step, small batches")
     p.add_argument("--out", default=None)
