@@ -274,16 +274,80 @@ def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
             if not keys:
                 continue
             per_seed = [row_cells[k].values[col.key] - base_cells[k].values[col.key] for k in keys]
-            items, item_stats = None, None
             per_cell = [(per_query_outcomes(col, base_cells[k].results[col.source], cache),
                          per_query_outcomes(col, row_cells[k].results[col.source], cache)) for k in keys]
-            reasons = [o for pair in per_cell for o in pair if isinstance(o, str)]
-            if reasons:
-                why = reasons[0]
-            else:
-                items, item_stats, why = item_statistics(per_cell, n_resamples)
-            cmp = stats.compare(per_seed, items, item_stats=item_stats, higher_is_better=col.better == "max",
-                                n_resamples=n_resamples)
             out.append({"labels": row.labels, "baseline": base, "column": col.key, "seeds": [list(k) for k in keys],
-                        **cmp.to_dict(), "items_unavailable": why})
+                        **_paired(col, per_seed, per_cell, n_resamples)})
+    return out
+
+
+def _paired(col: Column, per_seed: list[float], per_cell: list[tuple[Outcomes | str, Outcomes | str]],
+            n_resamples: int) -> dict[str, Any]:
+    """`stats.compare` of paired per-seed differences, with the query-level statistics when every
+    pair of cells kept per-query outcomes on the same items (else the reason they are missing)."""
+    items, item_stats = None, None
+    reasons = [o for pair in per_cell for o in pair if isinstance(o, str)]
+    if reasons:
+        why = reasons[0]
+    else:
+        items, item_stats, why = item_statistics(per_cell, n_resamples)
+    cmp = stats.compare(per_seed, items, item_stats=item_stats, higher_is_better=col.better == "max",
+                        n_resamples=n_resamples)
+    return {**cmp.to_dict(), "items_unavailable": why}
+
+
+# ----------------------------------------------------------------------------- what training moved
+
+BEFORE = "zero_shot"   # where a trainer keeps its evaluation of the model it started from (eval.at_start)
+
+
+def before_column(col: Column) -> Column | None:
+    """The same metric on the starting model, `metrics.K` -> `zero_shot.K`; None for unranked columns
+    and for columns that are not a trained run's `metrics`."""
+    if col.better == "none" or not col.path.startswith("metrics."):
+        return None
+    path = BEFORE + col.path[len("metrics"):]
+    return Column(key=f"{col.source}:{path}" if ":" in col.key else path, label=f"{col.label} (before)",
+                  scale=col.scale, better=col.better, digits=col.digits)
+
+
+def training_effects(grid: Grid, records: list[CellRecord], rows: list[Row],
+                     n_resamples: int = stats.N_RESAMPLES) -> list[dict[str, Any]]:
+    """Every row's after − before on each ranked `metrics.K` column whose runs also evaluated the model
+    they started from (`zero_shot.K`): each run against its own start, paired by query where both
+    evaluations kept per-query outcomes. The start is the same model in every seed, so the seed
+    interval excludes 0 only when training moved the metric by more than the seed-to-seed spread of
+    the trained runs: the check that a budget moves the model at all. `baseline` is {"model": "zero_shot"}."""
+    cache: dict[Path, Any] = {}
+    loaded: dict[str, Any] = {}
+
+    def results(path: str) -> Any:
+        if path not in loaded:
+            try:
+                loaded[path] = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                loaded[path] = None
+        return loaded[path]
+
+    out = []
+    for row in rows:
+        cells = [r for r in records if r.finished and all(r.axis_values[k] == v for k, v in row.labels.items())]
+        for col in grid.columns:
+            before = before_column(col)
+            if before is None:
+                continue
+            pairs = []
+            for r in cells:
+                b = lookup(results(r.results[col.source]), before.path)
+                if r.values[col.key] is not None and isinstance(b, (int, float)) and not isinstance(b, bool):
+                    pairs.append((r, float(b)))
+            if not pairs:
+                continue
+            per_cell = [(per_query_outcomes(before, r.results[col.source], cache),
+                         per_query_outcomes(col, r.results[col.source], cache)) for r, _ in pairs]
+            out.append({"labels": row.labels, "baseline": {"model": BEFORE}, "column": col.key,
+                        "seeds": [[r.axis_values[a] for a in grid.aggregate] for r, _ in pairs],
+                        "before": statistics.fmean(b for _, b in pairs),
+                        "after": statistics.fmean(r.values[col.key] for r, _ in pairs),
+                        **_paired(col, [r.values[col.key] - b for r, b in pairs], per_cell, n_resamples)})
     return out

@@ -57,14 +57,16 @@ without a `NAME:` prefix reads the first results file (`main`; for clip/text the
 Resumable: a cell is finished when every step's `creates` file exists (the trainers write
 results.json atomically, last); finished cells are skipped. An unfinished training step restarts
 with `overwrite=true`, or continues with `train.resume=latest` when its run directory holds a
-checkpoint written under the same cell spec (recorded in <output_dir>/cells/<cell>.json). A
-finished cell whose recorded spec differs from the grid's is reported as stale, not re-run
-(delete its run directory to re-run it). Every launch is logged in <output_dir>/ran.jsonl and its
+checkpoint written under the same cell spec (recorded in <output_dir>/cells/<cell>.json: the base
+config's path and a digest of its content, the overrides, the commands). A finished cell whose
+recorded spec differs from the grid's -- an override changed, or the base config edited since it
+ran -- is reported as stale, not re-run (delete its run directory to re-run it). Every launch is logged in <output_dir>/ran.jsonl and its
 output in <output_dir>/logs/<cell>.log; a failing cell is reported and the grid goes on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -261,9 +263,17 @@ class Cell:
         return all(self.step_done(s) for s in self.steps)
 
     def spec(self) -> dict[str, Any]:
-        """What identifies the cell's work: a finished cell with another spec is stale."""
-        return {"name": self.name, "values": self.values, "base": self.base, "overrides": self.overrides,
-                "commands": [self.argv(s) for s in self.steps]}
+        """What identifies the cell's work: a finished cell with another spec is stale. The base
+        config's content counts, not only its path: a recipe edited between sittings must not pass
+        its old runs off as the new recipe's."""
+        return {"name": self.name, "values": self.values, "base": self.base, "base_sha256": self.base_digest(),
+                "overrides": self.overrides, "commands": [self.argv(s) for s in self.steps]}
+
+    def base_digest(self) -> str | None:
+        try:
+            return hashlib.sha256(Path(self.base).read_bytes()).hexdigest() if self.base else None
+        except OSError:
+            return None
 
     def recorded_spec(self) -> dict[str, Any] | None:
         try:
@@ -274,7 +284,11 @@ class Cell:
     @property
     def stale(self) -> bool:
         recorded = self.recorded_spec()
-        return recorded is not None and _spec_key(recorded) != _spec_key(self.spec())
+        if recorded is None:
+            return False
+        # a spec recorded before base digests were kept is judged on what it holds
+        keys = SPEC_KEYS if "base_sha256" in recorded else SPEC_KEYS[1:]
+        return _spec_key(recorded, keys) != _spec_key(self.spec(), keys)
 
     def restart_args(self, step: Step) -> list[str]:
         """`train.resume=latest` when a checkpoint of this very spec is there, else `overwrite=true`."""
@@ -288,8 +302,11 @@ class Cell:
         return [self.argv(s, self.restart_args(s)) for s in self.steps if not self.step_done(s)]
 
 
-def _spec_key(spec: dict[str, Any]) -> str:
-    return json.dumps({k: spec.get(k) for k in ("base", "overrides", "commands")}, sort_keys=True)
+SPEC_KEYS = ("base_sha256", "base", "overrides", "commands")
+
+
+def _spec_key(spec: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return json.dumps({k: spec.get(k) for k in keys}, sort_keys=True)
 
 
 @dataclass

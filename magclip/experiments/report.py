@@ -30,6 +30,7 @@ from magclip.experiments.collect import (
     collect,
     comparisons,
     summarize,
+    training_effects,
 )
 from magclip.experiments.grid import Column, Grid, format_value
 from magclip.io import atomic_write_json, atomic_write_text
@@ -83,18 +84,21 @@ def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None
     return text
 
 
-def comparison_table(grid: Grid, comps: list[dict[str, Any]]) -> str:
-    """Markdown: one line per (row, ranked column) against the baseline."""
+def comparison_table(grid: Grid, comps: list[dict[str, Any]], levels: bool = False) -> str:
+    """Markdown: one line per (row, ranked column) against the baseline; `levels`: with the
+    before and after means of a training effect."""
     cols = {c.key: c for c in grid.columns}
     axes = [a.name for a in grid.table_axes]
-    head = [*axes, "column", "seeds", "Δ", "95 % CI (seeds)", "95 % CI (queries)", "p (queries)",
-            "MDE (80 % power)", "seeds for Δ", "verdict"]
+    head = [*axes, "column", "seeds", *(["before", "after"] if levels else []), "Δ", "95 % CI (seeds)",
+            "95 % CI (queries)", "p (queries)", "MDE (80 % power)", "seeds for Δ", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comps:
         col = cols[c["column"]]
         verdict = f"**{c['verdict']}**" if c["verdict"] in (stats.BETTER, stats.WORSE) else c["verdict"]
+        shown = [_fmt(c[k] * col.scale, col.digits) for k in ("before", "after")] if levels else []
         lines.append("| " + " | ".join([
-            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), signed(c["diff"], col.scale, col.digits),
+            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), *shown,
+            signed(c["diff"], col.scale, col.digits),
             interval(c["seed_low"], c["seed_high"], col.scale, col.digits),
             interval(c["item_low"], c["item_high"], col.scale, col.digits) if c["n_items"] else "–",
             format_p(c["p_items"]) if c["n_items"] else "–",
@@ -281,8 +285,17 @@ def unresolved_columns(records: list[CellRecord]) -> dict[str, list[str]]:
     return out
 
 
+TRAINING_EFFECT_NOTE = (
+    "After − before: each run's trained model against the model it started from (`zero_shot`, evaluated on "
+    "the same queries), paired by run; 95 % CI (queries): the queries resampled with both their outcomes (STS: "
+    "the pairs, the correlation recomputed on each draw). The start is the same model in every seed, so "
+    "the seed interval excludes 0 only when training moved the metric by more than the trained runs' "
+    "seed-to-seed spread; better/worse: training moved it up/down beyond both the seed and the query noise.")
+
+
 def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plots: list[Path],
-                    relative_to: Path, comps: list[dict[str, Any]] | None = None) -> str:
+                    relative_to: Path, comps: list[dict[str, Any]] | None = None,
+                    effects: list[dict[str, Any]] | None = None) -> str:
     """The grid's section for docs: title, provenance, table, notes on the cells, plots."""
     n_cells = len(records)
     done = sum(r.finished for r in records)
@@ -327,6 +340,9 @@ def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plot
         lines += [(f"No differences to the baseline `{','.join(f'{k}={v}' for k, v in base.items())}` with an "
                    "interval: that needs at least 2 finished seeds per setting, paired with the baseline's, or "
                    "runs that kept their per-query ranks."), ""]
+    if effects:
+        lines += ["### What training moved (each run against the model it started from)", "",
+                  comparison_table(grid, effects, levels=True), "", TRAINING_EFFECT_NOTE, ""]
     missing = [r.cell for r in records if not r.finished]
     stale = [r.cell for r in records if r.stale]
     if missing:
@@ -383,11 +399,12 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(grid, records)
     comps = comparisons(grid, records, rows, n_resamples=n_resamples)
+    effects = training_effects(grid, records, rows, n_resamples=n_resamples)
     plot_paths = write_plots(grid, rows, out / "plots") if plots else []
     if plots:
         diff_plot = write_difference_plot(grid, comps, out / "plots" / "differences.png")
         plot_paths += [diff_plot] if diff_plot else []
-    md = markdown_report(grid, rows, records, plot_paths, out, comps)
+    md = markdown_report(grid, rows, records, plot_paths, out, comps, effects)
     atomic_write_text(out / "compare.md", md)
     write_csv(grid, rows, out / "compare.csv")
     write_cells_csv(grid, records, out / "cells.csv")
@@ -396,10 +413,11 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     cells = [{k: v for k, v in r.items() if k not in ("results", "unresolved")} for r in records_json]
     base = baseline_labels(grid, rows)
     atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records_json,
-                                             "rows": summary_rows, "baseline": base, "comparisons": comps})
+                                             "rows": summary_rows, "baseline": base, "comparisons": comps,
+                                             "training_effects": effects})
     written = {"markdown": out / "compare.md", "csv": out / "compare.csv", "cells_csv": out / "cells.csv",
                "json": out / "compare.json", "plots": plot_paths, "table": markdown_table(grid, rows),
-               "rows": rows, "records": records, "comparisons": comps,
+               "rows": rows, "records": records, "comparisons": comps, "training_effects": effects,
                "comparison_table": comparison_table(grid, comps) if comps else ""}
     if report is not None:
         report = Path(report)
@@ -411,12 +429,12 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
                 report.parent.mkdir(parents=True, exist_ok=True)
                 shown.append(report.with_name(f"{report.stem}_{plot.name}"))
                 shutil.copyfile(plot, shown[-1])
-        atomic_write_text(report, markdown_report(grid, rows, records, shown, report.parent, comps))
+        atomic_write_text(report, markdown_report(grid, rows, records, shown, report.parent, comps, effects))
         # beside the report: the rows, each cell's values and the comparisons -- what docs/results.md's
         # {{grid ...}} and {{diff ...}} placeholders read (magclip.experiments.results_page)
         atomic_write_json(report.with_suffix(".json"), {"grid": str(grid.path) if grid.path else None,
                                                         "rows": summary_rows, "cells": cells, "baseline": base,
-                                                        "comparisons": comps})
+                                                        "comparisons": comps, "training_effects": effects})
         written["report"] = report
     return written
 

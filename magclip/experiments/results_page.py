@@ -26,6 +26,9 @@ Placeholders (paths relative to the repository root):
                                                 better. BASE may name a row of another grid's JSON
                                                 as `OTHER.json@labels` (the same recipe under another
                                                 loss): paired by seed from both files' cells.
+                                                BASE `before`: what training moved, ROW's trained
+                                                runs against the model they started from (the
+                                                report's `training_effects`).
                                                 FIELD: `line` (default: the whole computed
                                                 statement), `short` (difference, CI, verdict), `diff`,
                                                 `ci`, `verdict`, `mde`, `seeds` (seeds a true
@@ -152,9 +155,16 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
             raise RenderError(f"diff: unknown option {opt!r} (use xSCALE, .DIGITS, min, seeds@EFFECT or one of "
                               f"{', '.join(DIFF_FIELDS)})")
     want, want_base = _labels(row), _labels(base)
-    found = [c for c in data.get("comparisons") or [] if c["column"] == column
-             and all(str(c["labels"].get(k)) == v for k, v in want.items())
-             and all(str(c["baseline"].get(k)) == v for k, v in want_base.items())] if base_data is data else []
+    if base == "before":
+        found = [c for c in data.get("training_effects") or [] if c["column"] == column
+                 and all(str(c["labels"].get(k)) == v for k, v in want.items())]
+        if not found:
+            raise RenderError(f"diff {name}: no training effect of {row!r} on {column!r} (a report written "
+                              "before they were kept, or runs that did not evaluate their start)")
+    else:
+        found = [c for c in data.get("comparisons") or [] if c["column"] == column
+                 and all(str(c["labels"].get(k)) == v for k, v in want.items())
+                 and all(str(c["baseline"].get(k)) == v for k, v in want_base.items())] if base_data is data else []
     if found:
         c = found[0]
     else:

@@ -137,6 +137,25 @@ def test_restart_flag_resume_only_for_the_same_spec(tmp_path):
     assert changed.stale and not cell.stale
 
 
+
+def test_a_base_config_edited_since_the_run_makes_the_cell_stale(tmp_path):
+    """Same path, same overrides, other content: the finished run is not the recipe's any more."""
+    base = tmp_path / "recipe.yaml"
+    base.write_text((ROOT / "configs/clip/default.yaml").read_text())
+    cell = load_grid(grid_dict(tmp_path, base=str(base))).cells()[0]
+    cell.spec_path.parent.mkdir(parents=True)
+    cell.spec_path.write_text(json.dumps(cell.spec()))
+    assert not cell.stale
+    base.write_text(base.read_text() + "\n# edited\n")
+    assert cell.stale
+    (cell.run_dir / "checkpoints").mkdir(parents=True)
+    (cell.run_dir / "checkpoints" / "latest").write_text("step_00000001\n")
+    assert cell.pending_commands()[0][-1] == "overwrite=true"          # never resume into the old recipe
+    # a spec recorded before digests were kept is judged on the path, overrides and commands it holds
+    old = {k: v for k, v in cell.spec().items() if k != "base_sha256"}
+    cell.spec_path.write_text(json.dumps(old))
+    assert not cell.stale and cell.pending_commands()[0][-1] == "train.resume=latest"
+
 # ----------------------------------------------------------------------------- table maths
 
 

@@ -1,6 +1,7 @@
 """A real text grid (2 modes × 2 seeds of a few steps): its report gives the text columns the paired
 statistics the CLIP grids have — seed interval, query-level bootstrap (a correlation recomputed over
-resampled pairs for STS), permutation p, MDE — and refuses to pair runs evaluated on other queries."""
+resampled pairs for STS), permutation p, MDE — refuses to pair runs evaluated on other queries, and
+says what training moved (each run against the model it started from)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def text_grid(tmp_path_factory):
         "overrides": {"model.name": str(make_tiny_bert(folder / "bert")), "model.query_max_length": 16,
                       "model.passage_max_length": 24, "data.train": str(folder / "pairs.jsonl"), "data.beir": None,
                       "train.batch_size": 4, "train.max_steps": 2, "train.lr": 1.0e-3, "train.warmup_steps": 0,
-                      "eval.at_start": False, "eval.length_bins": 0, "eval.beir": {"toybeir": str(beir)},
+                      "eval.at_start": True, "eval.length_bins": 0, "eval.beir": {"toybeir": str(beir)},
                       "eval.sts": {"toysts": str(sts)}, "eval.rag": {"toyqa": str(write_toy_qa(folder, rows[:16]))}},
         "axes": {"loss": [{"name": "cosine", "set": {"loss.mode": "cosine"}},
                           {"name": "dnorm", "set": {"loss.mode": "dnorm"}}],
@@ -80,3 +81,27 @@ def test_runs_evaluated_on_other_queries_are_not_paired(text_grid, tmp_path):
     assert c["items_unavailable"] == "the runs were evaluated on different items" and c["n_items"] == 0
     assert c["seed_low"] is not None
     assert comps["metrics.toysts/spearman"]["n_items"] == 16
+
+
+def test_training_effects_pair_each_run_with_its_start(text_grid):
+    """after − before per run is the results' own `metrics.K − zero_shot.K`; the query-level interval
+    comes from the same queries evaluated twice; the report prints the section and a docs placeholder
+    reads it."""
+    from magclip.experiments.results_page import render
+
+    out = write_report(text_grid, report=text_grid.output_dir / "report.md", plots=False, n_resamples=500)
+    effects = {(e["labels"]["loss"], e["column"]): e for e in out["training_effects"]}
+    assert set(effects) == {(loss, col) for loss in ("cosine", "dnorm") for col in COLUMNS}
+    for (loss, col), e in effects.items():
+        runs = [json.loads(c.results["main"].read_text()) for c in text_grid.cells() if c.values["loss"] == loss]
+        key = col.removeprefix("metrics.")
+        per_run = [r["metrics"][key] - r["zero_shot"][key] for r in runs]
+        assert e["baseline"] == {"model": "zero_shot"} and e["n_seeds"] == 2
+        assert e["diff"] == pytest.approx(np.mean(per_run)) and e["seed_sd"] == pytest.approx(np.std(per_run, ddof=1))
+        assert e["before"] == pytest.approx(np.mean([r["zero_shot"][key] for r in runs]))
+        assert e["n_items"] == {"metrics.toyqa/answer_recall@1": 15}.get(col, 16) and e["items_unavailable"] is None
+        assert e["verdict"] in (stats.BETTER, stats.WORSE, stats.NO_DIFFERENCE)
+    assert "### What training moved" in out["markdown"].read_text()
+    e = effects[("dnorm", COLUMNS[1])]
+    line = render("{{diff report.json loss=dnorm:before metrics.toysts/spearman x100 .2 short}}", text_grid.output_dir)
+    assert line.startswith(f"{100 * e['diff']:+.2f}".replace("-", "−")) and e["verdict"] in line
