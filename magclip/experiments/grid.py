@@ -58,7 +58,7 @@ Resumable: a cell is finished when every step's `creates` file exists (the train
 results.json atomically, last); finished cells are skipped. An unfinished training step restarts
 with `overwrite=true`, or continues with `train.resume=latest` when its run directory holds a
 checkpoint written under the same cell spec (recorded in <output_dir>/cells/<cell>.json: the base
-config's path and a digest of its content, the overrides, the commands). A finished cell whose
+config's path and a digest of its settings, the overrides, the commands). A finished cell whose
 recorded spec differs from the grid's -- an override changed, or the base config edited since it
 ran -- is reported as stale, not re-run (delete its run directory to re-run it). Every launch is logged in <output_dir>/ran.jsonl and its
 output in <output_dir>/logs/<cell>.log; a failing cell is reported and the grid goes on.
@@ -270,10 +270,14 @@ class Cell:
                 "overrides": self.overrides, "commands": [self.argv(s) for s in self.steps]}
 
     def base_digest(self) -> str | None:
-        try:
-            return hashlib.sha256(Path(self.base).read_bytes()).hexdigest() if self.base else None
-        except OSError:
+        """The base config's settings as parsed (an edited comment changes nothing); None without one."""
+        if not self.base:
             return None
+        try:
+            settings = yaml.safe_load(Path(self.base).read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
     def recorded_spec(self) -> dict[str, Any] | None:
         try:

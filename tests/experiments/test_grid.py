@@ -146,7 +146,9 @@ def test_a_base_config_edited_since_the_run_makes_the_cell_stale(tmp_path):
     cell.spec_path.parent.mkdir(parents=True)
     cell.spec_path.write_text(json.dumps(cell.spec()))
     assert not cell.stale
-    base.write_text(base.read_text() + "\n# edited\n")
+    base.write_text(base.read_text() + "\n# a comment edited: the same recipe\n")
+    assert not cell.stale
+    base.write_text(base.read_text().replace("lr: 0.002", "lr: 0.001", 1))              # a setting edited
     assert cell.stale
     (cell.run_dir / "checkpoints").mkdir(parents=True)
     (cell.run_dir / "checkpoints" / "latest").write_text("step_00000001\n")
