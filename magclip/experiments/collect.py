@@ -140,7 +140,7 @@ def summarize(grid: Grid, records: list[CellRecord] | None = None) -> list[Row]:
     for col in grid.columns:
         means = [round(r.stats[col.key].mean * col.scale, col.digits) for r in rows
                  if r.stats[col.key].mean is not None]
-        best = None if col.better == "none" or not means else (max(means) if col.better == "max" else min(means))
+        best = None if col.better in ("none", "diff") or not means else (max(means) if col.better == "max" else min(means))
         for r in rows:
             m = r.stats[col.key].mean
             r.best[col.key] = best is not None and m is not None and round(m * col.scale, col.digits) == best
@@ -291,9 +291,11 @@ def _paired(col: Column, per_seed: list[float], per_cell: list[tuple[Outcomes | 
         why = reasons[0]
     else:
         items, item_stats, why = item_statistics(per_cell, n_resamples)
-    cmp = stats.compare(per_seed, items, item_stats=item_stats, higher_is_better=col.better == "max",
-                        n_resamples=n_resamples)
-    return {**cmp.to_dict(), "items_unavailable": why}
+    cmp = stats.compare(per_seed, items, item_stats=item_stats, higher_is_better=col.better != "min",
+                        n_resamples=n_resamples).to_dict()
+    if col.better == "diff":   # a direction, not a judgement: an effect size such as Cohen's d
+        cmp["verdict"] = {stats.BETTER: stats.HIGHER, stats.WORSE: stats.LOWER}.get(cmp["verdict"], cmp["verdict"])
+    return {**cmp, "items_unavailable": why}
 
 
 # ----------------------------------------------------------------------------- what training moved

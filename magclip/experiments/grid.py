@@ -23,6 +23,8 @@ launched as a subprocess, one after another, or printed as shell commands for a 
       - {key: eval_sets.ood_seen.text_to_image_R@1, label: "ood_seen t→i R@1"}
       - {key: val.image_to_text_median_rank, better: min, scale: 1, digits: 0}
       - {key: wall_time_s, better: none, scale: 1, digits: 0}
+      - {key: metrics.scifact/len_d_plain, better: diff, scale: 1}   # no better side, but
+                                         #   differences tested (verdict higher/lower)
     baseline: {loss: cosine}             # the row every other row is compared with (paired differences,
                                          # 95 % CIs, verdicts: magclip.experiments.stats); default: the
                                          # first row; `baseline: cosine` when one axis is tabulated
@@ -79,7 +81,7 @@ import yaml
 
 from magclip.config import ConfigError, from_dict
 
-BETTER = ("max", "min", "none")
+BETTER = ("max", "min", "diff", "none")
 VALUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")   # other braces (shard patterns, code) stay as they are
 AXIS_KEYS = {"seed": "train.seed"}   # plain-valued axes that need no `key:`

@@ -36,6 +36,9 @@ from magclip.experiments.grid import Column, Grid, format_value
 from magclip.io import atomic_write_json, atomic_write_text
 
 
+DECIDED = (stats.BETTER, stats.WORSE, stats.HIGHER, stats.LOWER)
+
+
 class ReportRefused(ValueError):
     """Writing the report would replace a file that records more finished runs."""
 
@@ -94,8 +97,8 @@ def comparison_table(grid: Grid, comps: list[dict[str, Any]], levels: bool = Fal
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comps:
         col = cols[c["column"]]
-        verdict = f"**{c['verdict']}**" if c["verdict"] in (stats.BETTER, stats.WORSE) else c["verdict"]
-        shown = [_fmt(c[k] * col.scale, col.digits) for k in ("before", "after")] if levels else []
+        verdict = f"**{c['verdict']}**" if c["verdict"] in DECIDED else c["verdict"]
+        shown = [_fmt(c[k] * col.scale, col.digits).replace("-", "−") for k in ("before", "after")] if levels else []
         lines.append("| " + " | ".join([
             *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), *shown,
             signed(c["diff"], col.scale, col.digits),
@@ -118,13 +121,14 @@ def comparison_notes(grid: Grid, comps: list[dict[str, Any]], base: dict[str, st
              "with its outcomes in every seed (evaluation-set noise), and p: paired permutation test"
              + (f" ({', '.join(map(str, n_items))} queries per seed)" if n_items else "") + "; for a correlation "
              "over pairs (STS Spearman) the pairs are resampled and the correlation recomputed on each draw. "
-             "Verdict: better/worse only when every interval excludes 0 on the same side. MDE: the smallest true "
+             "Verdict: better/worse (higher/lower on a column with no better side, such as Cohen's d) only when "
+             "every interval excludes 0 on the same side. MDE: the smallest true "
              "difference this grid would detect with 80 % power (the larger of the seed-level t test's and the "
              "query-level one); seeds for Δ: seeds per setting for the t test to detect a true difference of the "
              "observed size with 80 % power."]
     if missing:
         lines.append("Query-level statistics unavailable for some comparisons: " + "; ".join(missing) + ".")
-    decided = [c for c in comps if c["verdict"] in (stats.BETTER, stats.WORSE)]
+    decided = [c for c in comps if c["verdict"] in DECIDED]
     tested = [c for c in comps if c["n_seeds"] >= 2]
     if len(tested) > 1:
         lines.append(f"{len(decided)} of {len(tested)} comparisons are decided; with {len(tested)} comparisons at 95 % "
@@ -261,7 +265,8 @@ def write_difference_plot(grid: Grid, comps: list[dict[str, Any]], path: Path) -
             if c["seed_low"] is not None:
                 ax.plot([c["seed_low"] * col.scale, c["seed_high"] * col.scale], [y, y], color="tab:blue", lw=3,
                         alpha=0.6)
-            color = {stats.BETTER: "tab:green", stats.WORSE: "tab:red"}.get(c["verdict"], "black")
+            color = {stats.BETTER: "tab:green", stats.WORSE: "tab:red", stats.HIGHER: "tab:purple",
+                     stats.LOWER: "tab:purple"}.get(c["verdict"], "black")
             ax.plot([c["diff"] * col.scale], [y], "o", color=color, zorder=4)
         ax.axvline(0, color="k", ls="--", lw=0.8)
         ax.set_yticks(range(len(mine)), [",".join(c["labels"][a] for a in axes_names) for c in mine], fontsize=8)
@@ -271,7 +276,7 @@ def write_difference_plot(grid: Grid, comps: list[dict[str, Any]], path: Path) -
         ax.axis("off")
     base = next(iter(comps))["baseline"]
     fig.suptitle(f"{grid.name}: row − {','.join(f'{k}={v}' for k, v in base.items())} (95 % CI: over seeds "
-                 "blue, over queries black; green/red: better/worse)", fontsize=9)
+                 "blue, over queries black; green/red: better/worse, purple: a decided higher/lower)", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -290,7 +295,7 @@ TRAINING_EFFECT_NOTE = (
     "the same queries), paired by run; 95 % CI (queries): the queries resampled with both their outcomes (STS: "
     "the pairs, the correlation recomputed on each draw). The start is the same model in every seed, so "
     "the seed interval excludes 0 only when training moved the metric by more than the trained runs' "
-    "seed-to-seed spread; better/worse: training moved it up/down beyond both the seed and the query noise.")
+    "seed-to-seed spread; better/worse (higher/lower): training moved it up/down beyond both the seed and the query noise.")
 
 
 def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plots: list[Path],

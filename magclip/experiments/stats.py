@@ -40,6 +40,8 @@ EXACT_LIMIT = 16            # at most 2**16 sign patterns are enumerated exactly
 BETTER = "better"
 WORSE = "worse"
 NO_DIFFERENCE = "no difference detected"
+HIGHER = "higher"   # a decided difference on a column with no better side (an effect size)
+LOWER = "lower"
 ONE_SEED = "no verdict (one seed)"
 
 

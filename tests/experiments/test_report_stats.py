@@ -150,3 +150,22 @@ def test_page_pairs_rows_the_report_did_not_compare_from_the_cells(tmp_path):
     got = render("{{diff docs/r.json loss=dot:loss=qnorm val.image_to_text_R@1 x100 .2 short}}", tmp_path)
     assert got == (f"{100 * expected.diff:+.2f} points, 95 % CI [{100 * expected.seed_low:.2f}, "
                    f"{100 * expected.seed_high:.2f}] (3 seeds) → {stats.WORSE}").replace("-", "−")
+
+
+def test_a_column_with_no_better_side_is_tested_with_a_direction(tmp_path):
+    """`better: diff` (an effect size such as Cohen's d): compared with the baseline, the verdict says
+    higher/lower, never better/worse, and no row is bold; `none` stays untested."""
+    grid = load_grid(spec(tmp_path / "out", columns=[{"key": "metrics.d", "better": "diff", "scale": 1},
+                                                     {"key": "metrics.e", "better": "none", "scale": 1}]))
+    for cell in grid.cells():
+        cell.run_dir.mkdir(parents=True, exist_ok=True)
+        seed, loss = int(cell.values["seed"]), cell.values["loss"]
+        d = {"cosine": 0.1, "qnorm": 0.5, "dot": 0.1}[loss] + 0.01 * seed + (0.02 * seed if loss == "dot" else 0)
+        (cell.run_dir / "results.json").write_text(json.dumps({"metrics": {"d": d, "e": d}}))
+    out = write_report(grid, plots=False, n_resamples=200)
+    comps = {c["labels"]["loss"]: c for c in out["comparisons"]}
+    assert {c["column"] for c in out["comparisons"]} == {"metrics.d"}
+    assert comps["qnorm"]["verdict"] == stats.HIGHER and comps["qnorm"]["diff"] == pytest.approx(0.4)
+    assert comps["dot"]["verdict"] == stats.NO_DIFFERENCE
+    assert not any(r.best["metrics.d"] for r in out["rows"])
+    assert f"**{stats.HIGHER}**" in out["markdown"].read_text()
