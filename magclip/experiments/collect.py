@@ -140,7 +140,8 @@ def summarize(grid: Grid, records: list[CellRecord] | None = None) -> list[Row]:
     for col in grid.columns:
         means = [round(r.stats[col.key].mean * col.scale, col.digits) for r in rows
                  if r.stats[col.key].mean is not None]
-        best = None if col.better in ("none", "diff") or not means else (max(means) if col.better == "max" else min(means))
+        ranked = col.better in ("max", "min") and means
+        best = (max(means) if col.better == "max" else min(means)) if ranked else None
         for r in rows:
             m = r.stats[col.key].mean
             r.best[col.key] = best is not None and m is not None and round(m * col.scale, col.digits) == best

@@ -62,8 +62,9 @@ with `overwrite=true`, or continues with `train.resume=latest` when its run dire
 checkpoint written under the same cell spec (recorded in <output_dir>/cells/<cell>.json: the base
 config's path and a digest of its settings, the overrides, the commands). A finished cell whose
 recorded spec differs from the grid's -- an override changed, or the base config edited since it
-ran -- is reported as stale, not re-run (delete its run directory to re-run it). Every launch is logged in <output_dir>/ran.jsonl and its
-output in <output_dir>/logs/<cell>.log; a failing cell is reported and the grid goes on.
+ran -- is reported as stale, not re-run (delete its run directory to re-run it). Every launch is
+logged in <output_dir>/ran.jsonl and its output in <output_dir>/logs/<cell>.log; a failing cell is
+reported and the grid goes on.
 """
 
 from __future__ import annotations

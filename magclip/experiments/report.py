@@ -295,7 +295,8 @@ TRAINING_EFFECT_NOTE = (
     "the same queries), paired by run; 95 % CI (queries): the queries resampled with both their outcomes (STS: "
     "the pairs, the correlation recomputed on each draw). The start is the same model in every seed, so "
     "the seed interval excludes 0 only when training moved the metric by more than the trained runs' "
-    "seed-to-seed spread; better/worse (higher/lower): training moved it up/down beyond both the seed and the query noise.")
+    "seed-to-seed spread; better/worse (higher/lower): training moved it up/down beyond both the seed and "
+    "the query noise.")
 
 
 def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plots: list[Path],
