@@ -1,0 +1,118 @@
+"""Two evaluated models, query by query: ROW − BASE on every per-query metric both outputs kept.
+
+A compare grid pairs runs by seed and by query; outside a grid (a trained checkpoint against the
+model it started from on a full corpus, two checkpoints of one run) there is one run per side, so
+the only noise that can be measured is the evaluation set's: the queries are resampled with both
+their outcomes (percentile bootstrap) and a sign-flip permutation test gives p. A decided difference
+says these two models differ on these queries, not that their settings do (that needs seeds: a grid).
+
+Each side is an evaluation output (`results.json` of eval/beir.py, eval/rag.py, eval/zeroshot.py or a
+training run) with its per-query file beside it (`<stem>.queries.npz`). Keys pair by name, or by
+prefix (`scifact.modes.cosine.` on one side for `scifact.` on the other, `zero_shot.` for `metrics.`),
+and only where both sides were evaluated on the same queries (the digest each value array carries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from magclip.experiments import stats
+from magclip.metrics.ranks import DIGEST_MARK, load_query_values, queries_path
+
+HIGHER, LOWER = "row higher", "row lower"
+
+
+@dataclass
+class PairedMetric:
+    """ROW − BASE on one per-query metric (raw units, 0-1 for nDCG or recall)."""
+
+    base_key: str
+    row_key: str
+    n_queries: int
+    base: float
+    row: float
+    diff: float
+    low: float
+    high: float
+    p: float
+    mde: float            # the smallest true difference this test detects at 80 % power
+    verdict: str
+
+
+def per_query_values(path: str | Path) -> dict[str, object]:
+    """The per-query values beside an evaluation output (its `.queries.npz`, or that file itself)."""
+    path = Path(path)
+    npz = path if path.name.endswith(".npz") else queries_path(path)
+    if not npz.is_file():
+        raise FileNotFoundError(f"{npz}: no per-query values beside {path} (written by every evaluation "
+                                "since they were kept; re-run the evaluation)")
+    return load_query_values(npz)
+
+
+def key_pairs(base: dict[str, object], row: dict[str, object], base_prefix: str = "",
+              row_prefix: str = "") -> list[tuple[str, str]]:
+    """(base key, row key) for every value array of `base` under `base_prefix` whose name with
+    `row_prefix` in its place is in `row`, in `base`'s order."""
+    pairs = []
+    for key in base:
+        if key.endswith(DIGEST_MARK) or not key.startswith(base_prefix):
+            continue
+        other = row_prefix + key[len(base_prefix):]
+        if other in row and not other.endswith(DIGEST_MARK):
+            pairs.append((key, other))
+    return pairs
+
+
+def compare_outputs(base_path: str | Path, row_path: str | Path, base_prefix: str = "", row_prefix: str = "",
+                    n_resamples: int = stats.N_RESAMPLES) -> tuple[list[PairedMetric], list[str]]:
+    """Every paired metric, and one line per key that could not be paired (other queries, other sizes)."""
+    base, row = per_query_values(base_path), per_query_values(row_path)
+    pairs = key_pairs(base, row, base_prefix, row_prefix)
+    if not pairs:
+        raise ValueError(f"no per-query metric of {base_path} (prefix {base_prefix!r}) has a counterpart in "
+                         f"{row_path} (prefix {row_prefix!r}); keys there: "
+                         + ", ".join(k for k in list(row)[:8] if not k.endswith(DIGEST_MARK)))
+    found, skipped = [], []
+    for bk, rk in pairs:
+        b, r = np.asarray(base[bk], dtype=np.float64), np.asarray(row[rk], dtype=np.float64)
+        if b.shape != r.shape or base.get(bk + DIGEST_MARK) != row.get(rk + DIGEST_MARK):
+            skipped.append(f"{bk} / {rk}: evaluated on different queries ({len(b)} vs {len(r)}, or another digest)")
+            continue
+        found.append(paired_metric(bk, rk, b, r, n_resamples))
+    return found, skipped
+
+
+def paired_metric(base_key: str, row_key: str, base: np.ndarray, row: np.ndarray,
+                  n_resamples: int = stats.N_RESAMPLES) -> PairedMetric:
+    d = (row - base)[None, :]
+    boot = stats.bootstrap_ci(d, n_resamples=n_resamples)
+    p = stats.permutation_pvalue(d, n_resamples=n_resamples)
+    decided = p < 1 - stats.CONFIDENCE and (boot["low"] > 0 or boot["high"] < 0)
+    verdict = (HIGHER if boot["low"] > 0 else LOWER) if decided else stats.NO_DIFFERENCE
+    return PairedMetric(base_key, row_key, len(base), float(base.mean()), float(row.mean()), boot["mean"],
+                        boot["low"], boot["high"], float(p), stats.mde_normal(boot["se"]), verdict)
+
+
+def markdown_table(found: list[PairedMetric], scale: float = 100.0, digits: int = 2) -> str:
+    def f(x: float) -> str:
+        return f"{x * scale:.{digits}f}".replace("-", "−")
+
+    lines = ["| base key | row key | queries | base | row | Δ | 95 % CI (queries) | p | MDE (80 % power) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in found:
+        sign = "+" if m.diff >= 0 else ""
+        lines.append(f"| {m.base_key} | {m.row_key} | {m.n_queries} | {f(m.base)} | {f(m.row)} | {sign}{f(m.diff)} "
+                     f"| [{f(m.low)}, {f(m.high)}] | {'< 0.001' if m.p < 0.001 else f'{m.p:.3f}'} | {f(m.mde)} "
+                     f"| {m.verdict} |")
+    return "\n".join(lines)
+
+
+def as_records(found: list[PairedMetric]) -> list[dict[str, object]]:
+    return [asdict(m) for m in found]
+
+
+__all__ = ["HIGHER", "LOWER", "PairedMetric", "as_records", "compare_outputs", "key_pairs", "markdown_table",
+           "paired_metric", "per_query_values"]
