@@ -322,15 +322,9 @@ def training_effects(grid: Grid, records: list[CellRecord], rows: list[Row],
     interval excludes 0 only when training moved the metric by more than the seed-to-seed spread of
     the trained runs: the check that a budget moves the model at all. `baseline` is {"model": "zero_shot"}."""
     cache: dict[Path, Any] = {}
-    loaded: dict[str, Any] = {}
 
     def results(path: str) -> Any:
-        if path not in loaded:
-            try:
-                loaded[path] = json.loads(Path(path).read_text())
-            except (OSError, ValueError):
-                loaded[path] = None
-        return loaded[path]
+        return _cached(Path(path), lambda p: json.loads(p.read_text()), cache)
 
     out = []
     for row in rows:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from magclip.experiments import stats
+from magclip.experiments.report import format_p, interval, signed
 from magclip.metrics.ranks import DIGEST_MARK, load_query_values, queries_path
 
 HIGHER, LOWER = "row higher", "row lower"
@@ -103,10 +104,9 @@ def markdown_table(found: list[PairedMetric], scale: float = 100.0, digits: int 
     lines = ["| base key | row key | queries | base | row | Δ | 95 % CI (queries) | p | MDE (80 % power) | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for m in found:
-        sign = "+" if m.diff >= 0 else ""
-        lines.append(f"| {m.base_key} | {m.row_key} | {m.n_queries} | {f(m.base)} | {f(m.row)} | {sign}{f(m.diff)} "
-                     f"| [{f(m.low)}, {f(m.high)}] | {'< 0.001' if m.p < 0.001 else f'{m.p:.3f}'} | {f(m.mde)} "
-                     f"| {m.verdict} |")
+        lines.append(f"| {m.base_key} | {m.row_key} | {m.n_queries} | {f(m.base)} | {f(m.row)} "
+                     f"| {signed(m.diff, scale, digits)} | {interval(m.low, m.high, scale, digits)} "
+                     f"| {format_p(m.p)} | {f(m.mde)} | {m.verdict} |")
     return "\n".join(lines)
 
 
