@@ -158,6 +158,13 @@ _MEAN_OVER_QUERIES = re.compile(r"[./](ndcg|mrr|recall|map|precision|answer_reca
 _CORRELATION = re.compile(r"^(?P<prefix>.+[./])(?P<method>spearman|pearson)(?:_(?P<tag>ab|ba|mean))?$")
 
 
+def item_noun(path: str) -> str:
+    """What a column's query-level statistics resample: "pairs" for a correlation over pairs (STS),
+    "queries" for everything else."""
+    path = "metrics." + path[4:] if path.startswith("val.") else path
+    return "pairs" if _CORRELATION.match(path.split(":", 1)[-1]) else "queries"
+
+
 @dataclass
 class PairScores:
     """What a correlation column is recomputed from, per pair: the model's scores and the gold scores."""

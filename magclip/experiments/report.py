@@ -19,7 +19,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-
 from magclip.diagnostics.plots import pyplot, save_figure
 from magclip.experiments import stats
 from magclip.experiments.collect import (
@@ -29,12 +28,12 @@ from magclip.experiments.collect import (
     baseline_labels,
     collect,
     comparisons,
+    item_noun,
     summarize,
     training_effects,
 )
 from magclip.experiments.grid import Column, Grid, format_value
 from magclip.io import atomic_write_json, atomic_write_text
-
 
 DECIDED = (stats.BETTER, stats.WORSE, stats.HIGHER, stats.LOWER)
 
@@ -76,8 +75,8 @@ def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None
     else:
         text += f" ({seeds_text(c['n_seeds'])})"
     if c.get("n_items"):
-        text += (f"; over queries {interval(c['item_low'], c['item_high'], scale, digits)}, "
-                 f"p = {format_p(c['p_items'])} ({c['n_items']} queries × {seeds_text(c['n_seeds'])})")
+        text += (f"; over {item_noun(col.path)} {interval(c['item_low'], c['item_high'], scale, digits)}, "
+                 f"p = {format_p(c['p_items'])} ({c['n_items']} {item_noun(col.path)} × {seeds_text(c['n_seeds'])})")
     text += f" → {c['verdict']}"
     if c["verdict"] == stats.NO_DIFFERENCE and c.get("mde") is not None:
         text += f" (MDE at 80 % power {c['mde'] * scale:.{max(digits - 1, 1)}f} {unit}"

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from magclip.experiments import stats
+from magclip.experiments.collect import item_noun, lookup
 from magclip.experiments.grid import Column
-from magclip.experiments.collect import lookup
 from magclip.experiments.report import comparison_statement, interval, seeds_text, signed
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
@@ -181,7 +181,7 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
         if c.get("seed_low") is not None:
             text += f", 95 % CI {interval(c['seed_low'], c['seed_high'], scale, digits)}"
         text += f" ({seeds_text(c['n_seeds'])}"
-        text += f" × {c['n_items']} queries)" if c.get("n_items") else ")"
+        text += f" × {c['n_items']} {item_noun(column)})" if c.get("n_items") else ")"
         return text + f" → {c['verdict']}"
     if field == "sd":
         return "n/a" if c.get("seed_sd") is None else f"{c['seed_sd'] * scale:.{digits}f}"

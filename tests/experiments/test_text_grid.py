@@ -105,3 +105,9 @@ def test_training_effects_pair_each_run_with_its_start(text_grid):
     e = effects[("dnorm", COLUMNS[1])]
     line = render("{{diff report.json loss=dnorm:before metrics.toysts/spearman x100 .2 short}}", text_grid.output_dir)
     assert line.startswith(f"{100 * e['diff']:+.2f}".replace("-", "−")) and e["verdict"] in line
+    # what the query-level statistics resampled is named: STS pairs, retrieval queries
+    assert "× 16 pairs)" in line
+    assert "× 16 queries)" in render("{{diff report.json loss=dnorm:loss=cosine metrics.toybeir/ndcg@10 x100 .2 short}}",
+                                     text_grid.output_dir)
+    assert "over pairs [" in render("{{diff report.json loss=dnorm:loss=cosine metrics.toysts/spearman x100 .2 line}}",
+                                    text_grid.output_dir)
