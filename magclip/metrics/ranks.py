@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,21 @@ def write_results_with_outcomes(path: str | Path, record: Mapping[str, Any]) -> 
     """An evaluation command's results JSON, its per-query outcomes written beside it first."""
     save_per_query_outcomes(record, path)
     atomic_write_json(path, record)
+
+
+def read_metrics_with_outcomes(path: str | Path, where: str) -> RetrievalMetrics:
+    """The inverse of `write_results_with_outcomes` for the metrics at `where` in the record (a
+    top-level key): the numbers from the JSON, the per-query ranks and values from the files beside it."""
+    path = Path(path)
+    out = RetrievalMetrics(json.loads(path.read_text())[where])
+    if ranks_path(path).is_file():
+        by_direction = load_ranks(ranks_path(path)).get(where, {})
+        out.item_digest = by_direction.pop(ITEMS_KEY, None)
+        out.ranks = by_direction
+    if queries_path(path).is_file():
+        values, prefix = load_query_values(queries_path(path)), f"{where}."
+        for key, array in values.items():
+            if key.startswith(prefix) and not key.endswith(DIGEST_MARK):
+                out.values[key[len(prefix):]] = array
+                out.value_digests[key[len(prefix):]] = values[key + DIGEST_MARK]
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ from magclip.config import (
 )
 from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
-from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.losses import RetrievalLoss
+from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
 from magclip.models.text import BiEncoder
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
@@ -40,9 +41,11 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.text")
+START_KEY = "zero_shot"   # results.json's evaluation of the model before training (eval.at_start)
 
 
 # ---------------------------------------------------------------------------- model + loss
@@ -152,11 +155,14 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
                                   logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
 
     write_run_config(cfg, run_dir, accelerator)
-    zero_shot: dict[str, float] = {}
-    if cfg.eval.at_start and accelerator.is_main_process and cfg.train.resume is None:
+
+    def evaluate_start() -> RetrievalMetrics:
         module.eval()
         with torch.no_grad():
-            zero_shot = evaluate(module, 0)
+            return evaluate(module, 0)
+
+    zero_shot = start_evaluation(cfg, run_dir, evaluate_start) if cfg.eval.at_start and accelerator.is_main_process \
+        else {}
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
@@ -178,9 +184,26 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
         else passage_tokens or encoder.settings.passage_max_length,
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
         "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped, t0),
-        "zero_shot": zero_shot, "metrics": metrics,
+        START_KEY: zero_shot, "metrics": metrics,
     }
     return write_results(results, run_dir, accelerator)
+
+
+def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics]) -> dict[str, Any]:
+    """The evaluation of the model training starts from (`eval.at_start`): computed on a fresh run and
+    kept in the run folder (`zero_shot.json`, its per-query outcomes beside it), read back on a resumed
+    one, so that results.json reports it, query by query, however often the run was interrupted."""
+    path = run_dir / f"{START_KEY}.json"
+    if cfg.train.resume is None:
+        zero_shot = evaluate()
+        write_results_with_outcomes(path, {START_KEY: zero_shot})
+        return zero_shot
+    if path.is_file():
+        log.info("eval.at_start: the start's evaluation read back from %s (a resumed run)", path)
+        return read_metrics_with_outcomes(path, START_KEY)
+    log.warning("eval.at_start: %s is missing (a run started before it was kept there): results.json has no "
+                "%s; a fresh run (overwrite=true) evaluates the start again", path, START_KEY)
+    return {}
 
 
 def format_train_table(results: dict[str, Any]) -> str:

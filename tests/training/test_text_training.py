@@ -7,6 +7,7 @@ import os
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -185,6 +186,47 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
     assert torch.allclose(model.encode_document(texts, convert_to_tensor=True).cpu(), trained, atol=1e-5)
     assert torch.allclose(model.encode_query(texts, convert_to_tensor=True).cpu(), ours.encode(texts, "query"),
                           atol=1e-5)
+
+
+def test_a_resumed_run_still_reports_its_start_query_by_query(tmp_path, caplog):
+    """eval.at_start runs once, on the fresh start; a resume (here: the finished run's last checkpoint
+    evaluated again, as the write-error hint suggests) reads it back from the run folder, so its
+    results.json and results.queries.npz keep the same zero_shot numbers and per-query values."""
+    from magclip.metrics.ranks import load_query_values, queries_path
+
+    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
+    rows = toy_rows(16)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    beir, sts = write_toy_eval(tmp_path, rows[:12])
+    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
+                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
+                 "name=tiny", "train.batch_size=4", "train.max_steps=2", "train.warmup_steps=0",
+                 f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.rag={}", "eval.at_start=true"]
+    config = ROOT / "configs" / "text" / "scifact.yaml"
+    first = train_text(load_text_config(config, overrides))
+    run = tmp_path / "runs" / "tiny"
+    first_values = load_query_values(queries_path(run / "results.json"))
+    assert (run / "zero_shot.json").is_file() and "toy/ndcg@10" in first["zero_shot"]
+
+    resumed = train_text(load_text_config(config, [*overrides, "train.resume=latest"]))
+    def same(a: dict, b: dict) -> bool:   # equal but for timings, NaN included (undefined statistics of a toy set)
+        def numbers(d: dict) -> str:
+            return json.dumps({k: v for k, v in d.items() if not k.endswith("_s")}, sort_keys=True)
+        return numbers(a) == numbers(b)
+
+    assert same(resumed["zero_shot"], first["zero_shot"]) and same(resumed["metrics"], first["metrics"])
+    values = load_query_values(queries_path(run / "results.json"))
+    starts = sorted(k for k in first_values if k.startswith("zero_shot."))
+    assert {"zero_shot.toy/ndcg@10", "zero_shot.toy/pred_ab"} <= set(starts)
+    assert sorted(k for k in values if k.startswith("zero_shot.")) == starts
+    for key in starts:
+        assert np.array_equal(values[key], first_values[key], equal_nan=not key.endswith("#items")), key
+
+    # a run folder from before the start was kept there: said, not silently dropped
+    (run / "zero_shot.json").unlink()
+    with caplog.at_level("WARNING", logger="magclip.text"):
+        again = train_text(load_text_config(config, [*overrides, "train.resume=latest"]))
+    assert again["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
 
 
 def test_mined_negatives_are_unjudged_top_results(tmp_path):
