@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import copy_run_at, make_tiny_bert, toy_rows, write_toy_eval, write_toy_qa
 
-from magclip.config import ConfigError
+from magclip.config import ConfigError, load_text_config
 from magclip.data.pairs import PairBatches, read_pairs, split_batch, write_pairs_shards
-from magclip.config import load_text_config
 from magclip.training.text import train_text
-from builders import make_tiny_bert, toy_rows, write_toy_eval, write_toy_qa
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -188,50 +187,52 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
                           atol=1e-5)
 
 
-def test_a_resumed_run_still_reports_its_start_query_by_query(tmp_path, caplog):
-    """eval.at_start runs once, on the fresh start; a resume (here: the finished run's last checkpoint
-    evaluated again, as the write-error hint suggests) reads it back from the run folder, so its
-    results.json and results.queries.npz keep the same zero_shot numbers and per-query values."""
+def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tmp_path, caplog):
+    """A run stopped after its step-2 checkpoint and resumed (what a killed grid cell does) ends with the
+    unbroken run's weights, metrics and zero_shot: eval.at_start runs once, on the fresh start, and is
+    read back from the run folder with its per-query values (results.queries.npz `zero_shot.*`)."""
     from magclip.metrics.ranks import load_query_values, queries_path
 
     model_dir = make_tiny_bert(tmp_path / "tiny-bert")
-    rows = toy_rows(16)
+    rows = toy_rows(32)
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     beir, sts = write_toy_eval(tmp_path, rows[:12])
     overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
                  f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
-                 "name=tiny", "train.batch_size=4", "train.max_steps=2", "train.warmup_steps=0",
-                 f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.rag={}", "eval.at_start=true"]
+                 "train.batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "train.warmup_steps=0",
+                 "train.lr=1e-3", f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.rag={}",
+                 "eval.at_start=true"]
     config = ROOT / "configs" / "text" / "scifact.yaml"
-    first = train_text(load_text_config(config, overrides))
-    run = tmp_path / "runs" / "tiny"
-    first_values = load_query_values(queries_path(run / "results.json"))
-    assert (run / "zero_shot.json").is_file() and "toy/ndcg@10" in first["zero_shot"]
+    whole = train_text(load_text_config(config, [*overrides, "name=whole"]))
+    assert (tmp_path / "runs" / "whole" / "zero_shot.json").is_file() and "toy/ndcg@10" in whole["zero_shot"]
+    part = copy_run_at(tmp_path / "runs" / "whole", tmp_path / "runs" / "part", "step_00000002")
+    resumed = train_text(load_text_config(config, [*overrides, "name=part", "train.resume=latest"]))
 
-    resumed = train_text(load_text_config(config, [*overrides, "train.resume=latest"]))
-    def same(a: dict, b: dict) -> bool:   # equal but for timings, NaN included (undefined statistics of a toy set)
-        def numbers(d: dict) -> str:
-            return json.dumps({k: v for k, v in d.items() if not k.endswith("_s")}, sort_keys=True)
-        return numbers(a) == numbers(b)
+    def numbers(d: dict) -> str:   # all but timings; NaN included (undefined statistics of a toy set)
+        return json.dumps({k: v for k, v in d.items() if not k.endswith("_s")}, sort_keys=True)
 
-    assert same(resumed["zero_shot"], first["zero_shot"]) and same(resumed["metrics"], first["metrics"])
-    values = load_query_values(queries_path(run / "results.json"))
-    starts = sorted(k for k in first_values if k.startswith("zero_shot."))
+    assert resumed["weights_sha256_by_rank"] == whole["weights_sha256_by_rank"]
+    assert resumed["train_loss_recent"] == whole["train_loss_recent"]
+    assert numbers(resumed["metrics"]) == numbers(whole["metrics"])
+    assert numbers(resumed["zero_shot"]) == numbers(whole["zero_shot"])
+    values, expected = (load_query_values(queries_path(run / "results.json")) for run in (part, tmp_path / "runs" / "whole"))
+    starts = sorted(k for k in expected if k.startswith("zero_shot."))
     assert {"zero_shot.toy/ndcg@10", "zero_shot.toy/pred_ab"} <= set(starts)
     assert sorted(k for k in values if k.startswith("zero_shot.")) == starts
     for key in starts:
-        assert np.array_equal(values[key], first_values[key], equal_nan=not key.endswith("#items")), key
+        assert np.array_equal(values[key], expected[key], equal_nan=not key.endswith("#items")), key
 
     # a run folder from before the start was kept there: said, not silently dropped
-    (run / "zero_shot.json").unlink()
+    copy_run_at(tmp_path / "runs" / "whole", tmp_path / "runs" / "old", "step_00000002")
+    (tmp_path / "runs" / "old" / "zero_shot.json").unlink()
     with caplog.at_level("WARNING", logger="magclip.text"):
-        again = train_text(load_text_config(config, [*overrides, "train.resume=latest"]))
-    assert again["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
+        old = train_text(load_text_config(config, [*overrides, "name=old", "train.resume=latest"]))
+    assert old["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
 
 
 def test_mined_negatives_are_unjudged_top_results(tmp_path):
-    from magclip.models.text import BiEncoder
     from magclip.evaluation.mining import mine_hard_negatives
+    from magclip.models.text import BiEncoder
 
     rows = toy_rows(10)
     beir, _ = write_toy_eval(tmp_path, rows)
