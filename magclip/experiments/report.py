@@ -63,12 +63,16 @@ def format_p(p: float | None) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None, base: str | None = None,
-                         unit: str = "points") -> str:
+def unit_of(col: Column) -> str:
+    """" points" for a 0–1 metric shown ×100 (percentage points), "" for one shown as it is (Cohen's d, ρ)."""
+    return " points" if col.scale == 100 else ""
+
+
+def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None, base: str | None = None) -> str:
     """One line: "qnorm − cosine = +2.20 points, 95 % CI [a, b] over 5 seeds; ... → verdict"."""
-    scale, digits = col.scale, col.digits
+    scale, digits, unit = col.scale, col.digits, unit_of(col)
     head = f"{name} − {base} = " if name and base else ""
-    text = f"{head}{signed(c['diff'], scale, digits)} {unit}"
+    text = f"{head}{signed(c['diff'], scale, digits)}{unit}"
     if c.get("seed_low") is not None:
         kind = "paired" if c.get("paired", True) else "unpaired"
         text += f", 95 % CI {interval(c['seed_low'], c['seed_high'], scale, digits)} ({c['n_seeds']} seeds, {kind})"
@@ -79,7 +83,7 @@ def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None
                  f"p = {format_p(c['p_items'])} ({c['n_items']} {item_noun(col.path)} × {seeds_text(c['n_seeds'])})")
     text += f" → {c['verdict']}"
     if c["verdict"] == stats.NO_DIFFERENCE and c.get("mde") is not None:
-        text += f" (MDE at 80 % power {c['mde'] * scale:.{max(digits - 1, 1)}f} {unit}"
+        text += f" (MDE at 80 % power {c['mde'] * scale:.{max(digits - 1, 1)}f}{unit}"
         if c.get("seeds_for_diff"):
             text += f"; a true {signed(c['diff'], scale, digits)} would need {c['seeds_for_diff']} seeds"
         text += ")"

@@ -49,13 +49,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from magclip.experiments import stats
 from magclip.experiments.collect import item_noun, lookup
 from magclip.experiments.grid import Column
-from magclip.experiments.report import comparison_statement, interval, seeds_text, signed
+from magclip.experiments.report import comparison_statement, interval, seeds_text, signed, unit_of
 
 PLACEHOLDER = re.compile(r"\{\{(.+?)\}\}", re.DOTALL)
 
@@ -177,7 +178,7 @@ def _diff(data: dict[str, Any], name: str, rows: str, column: str, options: list
     if field == "line":
         return comparison_statement(c, col)
     if field == "short":
-        text = signed(c["diff"], scale, digits) + " points"
+        text = signed(c["diff"], scale, digits) + unit_of(col)
         if c.get("seed_low") is not None:
             text += f", 95 % CI {interval(c['seed_low'], c['seed_high'], scale, digits)}"
         text += f" ({seeds_text(c['n_seeds'])}"

@@ -106,7 +106,10 @@ def test_training_effects_pair_each_run_with_its_start(text_grid):
     line = render("{{diff report.json loss=dnorm:before metrics.toysts/spearman x100 .2 short}}", text_grid.output_dir)
     assert line.startswith(f"{100 * e['diff']:+.2f}".replace("-", "−")) and e["verdict"] in line
     # what the query-level statistics resampled is named: STS pairs, retrieval queries
-    assert "× 16 pairs)" in line
+    assert "× 16 pairs)" in line and " points" in line
+    # a number shown as it is (x1: Cohen's d, a correlation) is no percentage: no "points"
+    unscaled = render("{{diff report.json loss=dnorm:before metrics.toysts/spearman x1 .3 short}}", text_grid.output_dir)
+    assert unscaled.startswith(f"{e['diff']:+.3f}, 95 % CI [".replace("-", "−")) and "points" not in unscaled
     assert "× 16 queries)" in render("{{diff report.json loss=dnorm:loss=cosine metrics.toybeir/ndcg@10 x100 .2 short}}",
                                      text_grid.output_dir)
     assert "over pairs [" in render("{{diff report.json loss=dnorm:loss=cosine metrics.toysts/spearman x100 .2 line}}",
