@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-
 from builders import make_tiny_bert, toy_rows, write_toy_eval, write_toy_qa
+
 from magclip.experiments import stats
 from magclip.experiments.grid import load_grid
 from magclip.experiments.report import write_report
