@@ -253,11 +253,12 @@ def baseline_labels(grid: Grid, rows: list[Row]) -> dict[str, str] | None:
 
 def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
                 n_resamples: int = stats.N_RESAMPLES) -> list[dict[str, Any]]:
-    """Every row against the baseline row, per ranked column (better: max/min): cells are paired by
-    their aggregated axes (seed s with seed s); the per-seed differences give the seed-level
-    interval, the per-query outcomes (when every paired cell kept them, on the same items) the
-    item-level one; `stats.compare` gives the verdict. Values are in the column's raw units. Each
-    comparison is the plain record docs/results.md reads (`stats.Comparison.to_dict` + labels)."""
+    """Every row against the baseline row, then the grid's `contrasts` (row, baseline), per ranked
+    column (better: max/min): cells are paired by their aggregated axes (seed s with seed s); the
+    per-seed differences give the seed-level interval, the per-query outcomes (when every paired cell
+    kept them, on the same items) the item-level one; `stats.compare` gives the verdict. Values are in
+    the column's raw units. Each comparison is the plain record docs/results.md reads
+    (`stats.Comparison.to_dict` + labels)."""
     base = baseline_labels(grid, rows)
     if base is None:
         return []
@@ -267,13 +268,11 @@ def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
         return {tuple(r.axis_values[a] for a in grid.aggregate): r for r in records
                 if r.finished and all(r.axis_values[a] == labels[a] for a in axes)}
 
-    base_cells = members(base)
+    pairs = [(row.labels, base) for row in rows if row.labels != base] + list(grid.contrasts)
     cache: dict[Path, Any] = {}
     out = []
-    for row in rows:
-        if row.labels == base:
-            continue
-        row_cells = members(row.labels)
+    for row_labels, base_labels in pairs:
+        row_cells, base_cells = members(row_labels), members(base_labels)
         for col in grid.columns:
             if col.better == "none":
                 continue
@@ -284,7 +283,8 @@ def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
             per_seed = [row_cells[k].values[col.key] - base_cells[k].values[col.key] for k in keys]
             per_cell = [(per_query_outcomes(col, base_cells[k].results[col.source], cache),
                          per_query_outcomes(col, row_cells[k].results[col.source], cache)) for k in keys]
-            out.append({"labels": row.labels, "baseline": base, "column": col.key, "seeds": [list(k) for k in keys],
+            out.append({"labels": row_labels, "baseline": base_labels, "column": col.key,
+                        "seeds": [list(k) for k in keys],
                         **_paired(col, per_seed, per_cell, n_resamples)})
     return out
 

@@ -28,6 +28,8 @@ launched as a subprocess, one after another, or printed as shell commands for a 
     baseline: {loss: cosine}             # the row every other row is compared with (paired differences,
                                          # 95 % CIs, verdicts: magclip.experiments.stats); default: the
                                          # first row; `baseline: cosine` when one axis is tabulated
+    contrasts: []                        # more pairs of rows compared the same way (row − baseline),
+                                         # e.g. [{row: {loss: dnorm}, baseline: {loss: qnorm}}]
 
 A value of an axis may also replace `base` (`{name: emoji, base: configs/clip/emoji.yaml}`), so a
 dataset axis can switch experiments. Cell names join the axis values, `loss=cosine,seed=0`, in the
@@ -118,6 +120,7 @@ class GridFile:
     scale: float = 1.0
     env: dict[str, Any] = field(default_factory=dict)
     baseline: Any = None
+    contrasts: Any = None               # [{row: {...}, baseline: {...}}, ...]: more pairs compared
 
 
 @dataclass
@@ -334,6 +337,7 @@ class Grid:
     scale: float = 1.0
     command: str = ""             # the eval/compare.py line that regenerates the report
     baseline: dict[str, str] | None = None   # table-axis labels of the row the others are compared with
+    contrasts: list[tuple[dict[str, str], dict[str, str]]] = field(default_factory=list)  # (row, baseline)
 
     @property
     def table_axes(self) -> list[Axis]:
@@ -510,6 +514,9 @@ def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
                 axes=axes, aggregate=aggregate, columns=columns, steps=steps, results=results,
                 env={k: str(v) for k, v in spec.env.items()}, description=spec.description, scale=spec.scale)
     grid.baseline = _baseline(spec.baseline, grid)
+    if not isinstance(spec.contrasts or [], list):
+        raise GridError(f"contrasts: {spec.contrasts!r} is not a list of {{row: ..., baseline: ...}}")
+    grid.contrasts = [_contrast(c, grid) for c in spec.contrasts or []]
     grid.command = shlex.join(["python", "eval/compare.py", "--grid", where.as_posix() if where else "GRID.yaml",
                                *(["--output-dir", str(output_dir)] if output_dir else []),
                                *(extra_overrides or []), "--only-report"])
@@ -517,7 +524,7 @@ def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
     return grid
 
 
-def _baseline(raw: Any, grid: Grid) -> dict[str, str] | None:
+def _baseline(raw: Any, grid: Grid, what: str = "baseline") -> dict[str, str] | None:
     """`baseline:` as {table axis: value name}; every table axis must be named (one axis: a bare name)."""
     if raw is None:
         return None
@@ -525,20 +532,31 @@ def _baseline(raw: Any, grid: Grid) -> dict[str, str] | None:
     if not isinstance(raw, dict):
         if len(axes) != 1:
             example = ", ".join(f"{a.name}: ..." for a in axes)
-            raise GridError(f"baseline {raw!r}: name the row by its axes, e.g. {{{example}}}")
+            raise GridError(f"{what} {raw!r}: name the row by its axes, e.g. {{{example}}}")
         raw = {axes[0].name: raw}
     chosen = {str(k): str(v) for k, v in raw.items()}
     for axis in axes:
         if axis.name not in chosen:
-            raise GridError(f"baseline {raw!r} does not name axis {axis.name!r}")
+            raise GridError(f"{what} {raw!r} does not name axis {axis.name!r}")
         names = [v.name for v in axis.values]
         if chosen[axis.name] not in names:
-            raise GridError(f"baseline: axis {axis.name!r} has no value {chosen[axis.name]!r} ({', '.join(names)})")
+            raise GridError(f"{what}: axis {axis.name!r} has no value {chosen[axis.name]!r} ({', '.join(names)})")
     extra = sorted(set(chosen) - {a.name for a in axes})
     if extra:
-        raise GridError(f"baseline names {extra[0]!r}, which is not a tabulated axis "
+        raise GridError(f"{what} names {extra[0]!r}, which is not a tabulated axis "
                         f"({', '.join(a.name for a in axes) or 'none'})")
     return {a.name: chosen[a.name] for a in axes}
+
+
+def _contrast(raw: Any, grid: Grid) -> tuple[dict[str, str], dict[str, str]]:
+    """One `contrasts:` entry, {row: ..., baseline: ...}, each named like `baseline:`."""
+    if not isinstance(raw, dict) or set(raw) != {"row", "baseline"}:
+        raise GridError(f"contrasts: {raw!r} is not a mapping of `row` and `baseline`, e.g. "
+                        "{row: {loss: dnorm}, baseline: {loss: qnorm}}")
+    row, base = (_baseline(raw[k], grid, f"contrasts {k}") for k in ("row", "baseline"))
+    if row == base:
+        raise GridError(f"contrasts: {raw!r} compares a row with itself")
+    return row, base
 
 
 def validate_cells(grid: Grid) -> None:

@@ -90,20 +90,21 @@ def comparison_statement(c: dict[str, Any], col: Column, name: str | None = None
     return text
 
 
-def comparison_table(grid: Grid, comps: list[dict[str, Any]], levels: bool = False) -> str:
+def comparison_table(grid: Grid, comps: list[dict[str, Any]], levels: bool = False, against: bool = False) -> str:
     """Markdown: one line per (row, ranked column) against the baseline; `levels`: with the
-    before and after means of a training effect."""
+    before and after means of a training effect; `against`: with the baseline of each line (contrasts)."""
     cols = {c.key: c for c in grid.columns}
     axes = [a.name for a in grid.table_axes]
-    head = [*axes, "column", "seeds", *(["before", "after"] if levels else []), "Δ", "95 % CI (seeds)",
-            "95 % CI (queries)", "p (queries)", "MDE (80 % power)", "seeds for Δ", "verdict"]
+    head = [*axes, *(["− baseline"] if against else []), "column", "seeds", *(["before", "after"] if levels else []),
+            "Δ", "95 % CI (seeds)", "95 % CI (queries)", "p (queries)", "MDE (80 % power)", "seeds for Δ", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comps:
         col = cols[c["column"]]
         verdict = f"**{c['verdict']}**" if c["verdict"] in DECIDED else c["verdict"]
         shown = [_fmt(c[k] * col.scale, col.digits).replace("-", "−") for k in ("before", "after")] if levels else []
+        baseline = [",".join(f"{k}={v}" for k, v in c["baseline"].items())] if against else []
         lines.append("| " + " | ".join([
-            *(c["labels"][a] for a in axes), col.label, str(c["n_seeds"]), *shown,
+            *(c["labels"][a] for a in axes), *baseline, col.label, str(c["n_seeds"]), *shown,
             signed(c["diff"], col.scale, col.digits),
             interval(c["seed_low"], c["seed_high"], col.scale, col.digits),
             interval(c["item_low"], c["item_high"], col.scale, col.digits) if c["n_items"] else "–",
@@ -302,6 +303,12 @@ TRAINING_EFFECT_NOTE = (
     "the query noise.")
 
 
+def split_contrasts(comps: list[dict[str, Any]], base: dict[str, str] | None
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the comparisons against the grid's baseline, the other contrasts)."""
+    return [c for c in comps if c["baseline"] == base], [c for c in comps if c["baseline"] != base]
+
+
 def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plots: list[Path],
                     relative_to: Path, comps: list[dict[str, Any]] | None = None,
                     effects: list[dict[str, Any]] | None = None) -> str:
@@ -341,7 +348,8 @@ def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plot
     if settings:
         lines += ["Settings: " + "; ".join(settings) + ".", ""]
     base = baseline_labels(grid, rows)
-    if any(c["n_seeds"] >= 2 or c["n_items"] for c in comps or []):
+    comps, contrasts = split_contrasts(comps or [], base)
+    if any(c["n_seeds"] >= 2 or c["n_items"] for c in comps):
         lines += ["### Differences to the baseline", "", comparison_table(grid, comps), ""]
         for note in comparison_notes(grid, comps, base):
             lines += [note, ""]
@@ -349,6 +357,9 @@ def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plot
         lines += [(f"No differences to the baseline `{','.join(f'{k}={v}' for k, v in base.items())}` with an "
                    "interval: that needs at least 2 finished seeds per setting, paired with the baseline's, or "
                    "runs that kept their per-query ranks."), ""]
+    if any(c["n_seeds"] >= 2 or c["n_items"] for c in contrasts):
+        lines += ["### Other contrasts (the grid's `contrasts`)", "", comparison_table(grid, contrasts, against=True),
+                  "", "Row − the line's baseline, with the statistics and verdicts of the differences above.", ""]
     if effects:
         lines += ["### What training moved (each run against the model it started from)", "",
                   comparison_table(grid, effects, levels=True), "", TRAINING_EFFECT_NOTE, ""]
@@ -407,11 +418,12 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
         check_report_target(report, sum(r.finished for r in records), len(records))
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(grid, records)
+    base = baseline_labels(grid, rows)
     comps = comparisons(grid, records, rows, n_resamples=n_resamples)
     effects = training_effects(grid, records, rows, n_resamples=n_resamples)
     plot_paths = write_plots(grid, rows, out / "plots") if plots else []
     if plots:
-        diff_plot = write_difference_plot(grid, comps, out / "plots" / "differences.png")
+        diff_plot = write_difference_plot(grid, split_contrasts(comps, base)[0], out / "plots" / "differences.png")
         plot_paths += [diff_plot] if diff_plot else []
     md = markdown_report(grid, rows, records, plot_paths, out, comps, effects)
     atomic_write_text(out / "compare.md", md)
@@ -420,14 +432,13 @@ def write_report(grid: Grid, report: str | Path | None = None, plots: bool = Tru
     summary_rows = [r.to_dict() for r in rows]
     records_json = [r.to_dict() for r in records]
     cells = [{k: v for k, v in r.items() if k not in ("results", "unresolved")} for r in records_json]
-    base = baseline_labels(grid, rows)
     atomic_write_json(out / "compare.json", {"grid": str(grid.path) if grid.path else None, "records": records_json,
                                              "rows": summary_rows, "baseline": base, "comparisons": comps,
                                              "training_effects": effects})
     written = {"markdown": out / "compare.md", "csv": out / "compare.csv", "cells_csv": out / "cells.csv",
                "json": out / "compare.json", "plots": plot_paths, "table": markdown_table(grid, rows),
                "rows": rows, "records": records, "comparisons": comps, "training_effects": effects,
-               "comparison_table": comparison_table(grid, comps) if comps else ""}
+               "comparison_table": comparison_table(grid, split_contrasts(comps, base)[0]) if comps else ""}
     if report is not None:
         report = Path(report)
         # a report lives in docs/ and is committed; run folders are not: it gets its own copy of the

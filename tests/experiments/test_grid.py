@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from magclip.experiments.grid import GridError, format_value, load_grid, validate_cells
+from magclip.config import load_config
 from magclip.experiments.collect import lookup, summarize
+from magclip.experiments.grid import GridError, format_value, load_grid, validate_cells
 from magclip.experiments.report import write_report
 from magclip.experiments.runner import grid_commands, ran_log, run_grid
-from magclip.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "eval" / "compare.py"
@@ -97,6 +97,10 @@ def test_axis_forms_and_base_switch(tmp_path):
     ({"axes": {"loss": [{"name": "a", "sett": {}}]}}, r"unknown config key 'axes.loss\[a\].sett'"),
     ({"scale": "large"}, "config key 'scale' must be float"),
     ({"output_dir": None}, "config key 'output_dir' may not be empty"),
+    ({"contrasts": [{"row": {"loss": "i2t_qnorm"}, "baseline": {"loss": "dnorm"}}]},
+     "contrasts baseline: axis 'loss' has no value 'dnorm'"),
+    ({"contrasts": [{"row": {"loss": "cosine"}}]}, "not a mapping of `row` and `baseline`"),
+    ({"contrasts": [{"row": "cosine", "baseline": "cosine"}]}, "compares a row with itself"),
 ])
 def test_grid_errors_name_the_key(tmp_path, change, message):
     with pytest.raises(GridError, match=message):

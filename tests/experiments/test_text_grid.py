@@ -114,3 +114,28 @@ def test_training_effects_pair_each_run_with_its_start(text_grid):
                                      text_grid.output_dir)
     assert "over pairs [" in render("{{diff report.json loss=dnorm:loss=cosine metrics.toysts/spearman x100 .2 line}}",
                                     text_grid.output_dir)
+
+
+def test_contrasts_compare_other_pairs_of_rows_like_the_baseline(text_grid):
+    """A grid's `contrasts` (here cosine − dnorm, the reverse of the baseline comparison) get the same
+    paired statistics: the difference, the seed and query intervals mirrored, the same p; listed in
+    their own table and read by the docs' placeholders like any comparison."""
+    import dataclasses
+
+    from magclip.experiments.results_page import render
+
+    grid = dataclasses.replace(text_grid, contrasts=[({"loss": "cosine"}, {"loss": "dnorm"})])
+    out = write_report(grid, report=grid.output_dir / "contrasts.md", plots=False, n_resamples=500)
+    forward = {c["column"]: c for c in out["comparisons"] if c["baseline"] == {"loss": "cosine"}}
+    reverse = {c["column"]: c for c in out["comparisons"] if c["baseline"] == {"loss": "dnorm"}}
+    assert set(forward) == set(reverse) == set(COLUMNS)
+    for key, c in reverse.items():
+        f = forward[key]
+        assert c["labels"] == {"loss": "cosine"} and c["n_seeds"] == 2 and c["n_items"] == f["n_items"]
+        assert c["diff"] == pytest.approx(-f["diff"]) and c["seed_low"] == pytest.approx(-f["seed_high"])
+        if f["item_low"] != f["item_high"]:   # a saturated toy metric has a zero-width interval either way
+            assert c["p_items"] == pytest.approx(f["p_items"])
+    md = out["markdown"].read_text()
+    assert "### Other contrasts" in md and "| cosine | loss=dnorm |" in md
+    line = render("{{diff contrasts.json loss=cosine:loss=dnorm metrics.toysts/spearman x100 .2 short}}", grid.output_dir)
+    assert line.startswith(f"{100 * reverse[COLUMNS[1]]['diff']:+.2f}".replace("-", "−")) and "× 16 pairs)" in line
