@@ -208,7 +208,7 @@ def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], R
 
 def format_train_table(results: dict[str, Any]) -> str:
     rows = ["| metric | zero-shot | fine-tuned |", "|---|---|---|"]
-    zs, ft = results.get("zero_shot") or {}, results.get("metrics") or {}
+    zs, ft = results.get(START_KEY) or {}, results.get("metrics") or {}
     keys = [k for k in ft if k.split("/")[-1] in ("ndcg@10", "mrr@10", "recall@100", "map@100", "spearman")]
     for k in keys:
         z = f"{100 * zs[k]:.2f}" if k in zs else "-"
