@@ -21,6 +21,7 @@ from magclip.io import atomic_write_text
 from magclip.modes import LOSS_TYPES, MODES, TEXT_COSINE_SCALE, check_mode, resolve_specs
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")  # auto: bf16 where the device computes it natively, else fp32
+EVAL_PRECISIONS = ("fp32", "bf16", "auto")     # encoding precision of evaluations (the commands' --precision)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")  # train.optimizer_impl (magclip.training.levers)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
@@ -235,6 +236,8 @@ class TextEvalConfig:
     rag: dict[str, str] = field(default_factory=dict)    # name -> QA folder (qa.jsonl + corpus): answer recall@k
     length_bins: int = 4                    # BEIR length diagnostics (norm-length rho, within-bin d, nDCG by length); 0: off
     identical_ids: str = "self"             # same-id documents left out of a ranking: self (only the query itself), drop, keep
+    precision: str = "fp32"                 # encoding precision of every evaluation of the run, before and after
+                                            # training alike, whatever train.precision is: fp32 / bf16 / auto
 
 
 @dataclass
@@ -468,6 +471,8 @@ def _check_text(cfg: "TextRunConfig") -> None:
         raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
     if cfg.eval.identical_ids not in IDENTICAL_ID_RULES:
         raise ConfigError(f"eval.identical_ids={cfg.eval.identical_ids!r}; allowed: {', '.join(IDENTICAL_ID_RULES)}")
+    if cfg.eval.precision not in EVAL_PRECISIONS:
+        raise ConfigError(f"eval.precision={cfg.eval.precision!r}; allowed: {', '.join(EVAL_PRECISIONS)}")
     if cfg.eval.backend not in ("auto", "torch", "faiss"):
         raise ConfigError(f"eval.backend={cfg.eval.backend!r}; allowed: auto, torch, faiss")
     for key, value in {"data.group_size": cfg.data.group_size, "eval.batch_size": cfg.eval.batch_size}.items():

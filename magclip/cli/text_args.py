@@ -11,8 +11,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from magclip.config import POOLINGS
 from magclip.cli import check_scorer_flags
+from magclip.config import EVAL_PRECISIONS, POOLINGS
 from magclip.modes import MODES
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="results JSON")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="fp32",
+    parser.add_argument("--precision", choices=EVAL_PRECISIONS, default="fp32",
                         help="encoding precision (auto: bf16 where the device computes it natively; scores stay "
                              "float32); default: %(default)s")
     parser.add_argument("--pooling", choices=POOLINGS, default=None, help="override the model's pooling")

@@ -275,7 +275,7 @@ class BiEncoder(nn.Module):
                progress: bool = False, autocast_dtype: torch.dtype | None = None) -> Tensor:
         """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length. The forward
         runs under autocast to `autocast_dtype` (else `self.encode_dtype`) when one is given, else in the
-        caller's precision (a training run's evaluation runs under the run's autocast)."""
+        caller's precision (a training run's evaluation runs under its `eval.precision`)."""
         side = _side(side)
         autocast_dtype = autocast_dtype or self.encode_dtype
         if device is not None:

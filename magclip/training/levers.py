@@ -43,6 +43,17 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     return ("bf16" if ok else "fp32"), f"auto: {why}"
 
 
+def evaluation_autocast(precision: str, device: torch.device) -> tuple[Any, str]:
+    """A context manager that sets the encoding precision of an evaluation whatever autocast surrounds
+    it (fp32 switches the training run's autocast off), and the precision it resolved to. A run's
+    evaluations before and after training go through it, so their difference is training's alone."""
+    resolved, why = resolve_precision(precision, device)
+    if resolved == "fp32":
+        return torch.autocast(device_type=device.type, enabled=False), f"fp32 ({why})"
+    dtype = torch.bfloat16 if resolved == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype), f"{resolved} ({why})"
+
+
 def optimizer_kwargs(impl: str, params: list[nn.Parameter]) -> tuple[dict[str, Any], str]:
     """AdamW's implementation keywords for `train.optimizer_impl`, and why. `auto`: fused where every
     parameter is a floating-point tensor on a CPU or CUDA device (what torch's fused kernel takes)."""

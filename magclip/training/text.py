@@ -34,6 +34,7 @@ from magclip.models.text import BiEncoder
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.engine import Engine, TrainModule, make_accelerator
+from magclip.training.levers import evaluation_autocast
 from magclip.training.run import (
     latest_checkpoint,
     loop_record,
@@ -147,8 +148,12 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
 
     eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
 
+    if eval_sets:
+        log.info("evaluation precision: %s", evaluation_autocast(cfg.eval.precision, accelerator.device)[1])
+
     def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
-        return evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
+        with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # the same before and after training
+            return evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
 
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
         m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),

@@ -142,6 +142,11 @@ def test_sampled_passage_truncation_is_per_document_and_batch_independent(tmp_pa
         PairBatches(records, tokenize, 4, passage_tokens=(10, 5))
 
 
+def numbers(d: dict) -> str:
+    """A results dict's values but timings, comparable as text (NaN included: undefined statistics of a toy set)."""
+    return json.dumps({k: v for k, v in d.items() if not k.endswith("_s")}, sort_keys=True)
+
+
 def test_tiny_fine_tune_end_to_end(tmp_path):
     st = pytest.importorskip("sentence_transformers")
     model_dir = make_tiny_bert(tmp_path / "tiny-bert")
@@ -208,9 +213,6 @@ def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tm
     part = copy_run_at(tmp_path / "runs" / "whole", tmp_path / "runs" / "part", "step_00000002")
     resumed = train_text(load_text_config(config, [*overrides, "name=part", "train.resume=latest"]))
 
-    def numbers(d: dict) -> str:   # all but timings; NaN included (undefined statistics of a toy set)
-        return json.dumps({k: v for k, v in d.items() if not k.endswith("_s")}, sort_keys=True)
-
     assert resumed["weights_sha256_by_rank"] == whole["weights_sha256_by_rank"]
     assert resumed["train_loss_recent"] == whole["train_loss_recent"]
     assert numbers(resumed["metrics"]) == numbers(whole["metrics"])
@@ -228,6 +230,43 @@ def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tm
     with caplog.at_level("WARNING", logger="magclip.text"):
         old = train_text(load_text_config(config, [*overrides, "name=old", "train.resume=latest"]))
     assert old["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one mixed precision per process: a bf16 run after an fp32 one in the same test
+    process needs its state cleared (accelerate's own tests do the same), and so do the tests after it."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_evaluations_before_and_after_training_share_their_precision(tmp_path, fresh_accelerate_state):
+    """A bf16 run at learning rate 1e-30 never moves its weights (updates below float32 rounding), so its evaluation after training equals the
+    one before, value for value: both encode in `eval.precision` (fp32 by default: the run's autocast is
+    switched off; bf16 on request), never the start in fp32 and the end under the run's bf16 autocast,
+    which put a precision change into "what training moved"."""
+    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
+    rows = toy_rows(24)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    beir, sts = write_toy_eval(tmp_path, rows[:12])
+    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
+                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
+                 "train.batch_size=4", "train.max_steps=2", "train.lr=1e-30", "train.loss_lr=1e-30", "train.warmup_steps=0",
+                 "train.checkpoint_every=0", "train.precision=bf16", f"eval.beir={{toy: {beir}}}",
+                 f"eval.sts={{toy: {sts}}}", "eval.rag={}", "eval.at_start=true", "eval.length_bins=2"]
+    config = ROOT / "configs" / "text" / "scifact.yaml"
+    runs = {p: train_text(load_text_config(config, [*overrides, f"name={p}", f"eval.precision={p}"]))
+            for p in ("fp32", "bf16")}
+    for precision, results in runs.items():
+        assert results["steps"] == 2
+        assert numbers(results["metrics"]) == numbers(results["zero_shot"]), precision
+    # the setting is applied: the two precisions encode differently (document norms to the last digits)
+    assert runs["fp32"]["metrics"]["toy/len_d_plain"] != runs["bf16"]["metrics"]["toy/len_d_plain"]
+    with pytest.raises(ConfigError, match="eval.precision"):
+        load_text_config(config, ["eval.precision=fp8"])
 
 
 def test_mined_negatives_are_unjudged_top_results(tmp_path):
