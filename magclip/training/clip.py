@@ -191,7 +191,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
-                    run_config=to_dict(cfg))
+                    run_config=to_dict(cfg), started=t0)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
@@ -213,7 +213,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         "matching": "caption identity",
         "loss_type": cfg.loss.type, "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "logit_bias": final.logit_bias.value if final.logit_bias is not None else None,
-        **loop_record(engine, state, skipped, t0), "metrics": metrics, "eval_sets": eval_sets,
+        **loop_record(engine, state, skipped), "metrics": metrics, "eval_sets": eval_sets,
     }
     return write_results(results, run_dir, accelerator)
 

@@ -155,6 +155,7 @@ class LoopState:
     skipped_samples: Counter = field(default_factory=Counter)
     nonfinite_steps: int = 0
     samples_seen: int = 0
+    wall_before_s: float = 0.0       # wall time of the earlier processes of a resumed run, to its checkpoint
 
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
@@ -194,8 +195,10 @@ class Engine:
                  make_loader: Callable[[int], Iterable[dict]], steps_per_epoch: int,
                  save_model: Callable[[nn.Module, Path], None],  # (module, step folder): writes the model
                  evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
-                 run_config: dict[str, Any] | None = None):  # the resolved config, kept in each checkpoint
+                 run_config: dict[str, Any] | None = None,  # the resolved config, kept in each checkpoint
+                 started: float | None = None):  # time.perf_counter() when the process began the run
         self.cfg = cfg
+        self._started = time.perf_counter() if started is None else started
         self.acc = accelerator
         self.run_dir = run_dir
         self.make_loader = make_loader
@@ -232,6 +235,11 @@ class Engine:
     @property
     def unwrapped(self) -> nn.Module:
         return self._unwrapped
+
+    def wall_time_s(self) -> float:
+        """The run's wall time so far, across resumes: what the earlier processes spent up to the
+        checkpoint this one resumed from (work after it was lost and is not counted) plus this process's."""
+        return self.state.wall_before_s + time.perf_counter() - self._started
 
     def _apply_levers(self, module: nn.Module) -> dict[str, str]:
         """channels_last and compile on the module's towers (before the optimizer and DDP see them); what
@@ -514,7 +522,8 @@ class Engine:
             "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
                      "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples),
                      "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)],
-                     "recent_losses": [float(x) for x in self._recent_losses]},  # train_loss_recent after a resume
+                     "recent_losses": [float(x) for x in self._recent_losses],  # train_loss_recent after a resume
+                     "wall_s": self.wall_time_s()},
             "rng": get_rng_state(),
         }
 
@@ -527,7 +536,10 @@ class Engine:
             self.acc.scaler.load_state_dict(state["scaler"])
         loop = state["loop"]
         self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
-                               samples_seen=loop["samples_seen"], skipped_samples=self._own_skips(loop))
+                               samples_seen=loop["samples_seen"], skipped_samples=self._own_skips(loop),
+                               wall_before_s=loop.get("wall_s", 0.0))
+        if "wall_s" not in loop:
+            log.warning("%s records no wall time (an older checkpoint): wall_time_s counts this process only", path)
         self._recent_losses.clear()
         self._recent_losses.extend(torch.tensor(x, device=self.acc.device) for x in loop.get("recent_losses", []))
         set_rng_state(state["rng"])

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import socket
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -179,8 +178,9 @@ def latest_checkpoint(engine: Engine) -> Path:
     return latest_step(engine.ckpt_dir) or engine.ckpt_dir
 
 
-def loop_record(engine: Engine, state: LoopState, skipped: Counter, started: float) -> dict[str, Any]:
-    """What every results.json holds about the loop: steps, epochs, samples, skips, recent loss, time,
+def loop_record(engine: Engine, state: LoopState, skipped: Counter) -> dict[str, Any]:
+    """What every results.json holds about the loop: steps, epochs, samples, skips, recent loss, wall
+    time (across resumes; `wall_time_earlier_s`: the part spent by the processes before the last resume),
     and a digest of every rank's final parameters (equal on all ranks: the replicas stayed in step).
     Every rank must call it."""
     with distributed.naming_lost_ranks("the comparison of the final weights"):
@@ -190,7 +190,7 @@ def loop_record(engine: Engine, state: LoopState, skipped: Counter, started: flo
     return {"steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
             "world_size": engine.acc.num_processes, "weights_sha256_by_rank": digests, "skipped_samples": dict(skipped),
             "train_loss_recent": engine.recent_loss(), "speed_levers": dict(engine.levers),
-            "wall_time_s": round(time.perf_counter() - started, 2)}
+            "wall_time_s": round(engine.wall_time_s(), 2), "wall_time_earlier_s": round(state.wall_before_s, 2)}
 
 
 def write_results(results: dict[str, Any], run_dir: Path, accelerator: Accelerator) -> dict[str, Any]:

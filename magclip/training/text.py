@@ -171,7 +171,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
-                    run_config=to_dict(cfg))
+                    run_config=to_dict(cfg), started=t0)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
@@ -188,7 +188,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
         "train_passage_tokens": list(passage_tokens) if isinstance(passage_tokens, tuple)
         else passage_tokens or encoder.settings.passage_max_length,
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
-        "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped, t0),
+        "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped),
         START_KEY: zero_shot, "metrics": metrics,
     }
     return write_results(results, run_dir, accelerator)

@@ -99,6 +99,19 @@ def test_train_loss_recent_after_a_resume_equals_the_unbroken_run(tmp_path, synt
     assert resumed["train_loss_recent"] == whole["train_loss_recent"]
 
 
+def test_wall_time_of_a_resumed_run_counts_the_time_before_the_resume(tmp_path, synth_root):
+    """results.json's wall_time_s is the run's, not the last process's: the checkpoint keeps the time
+    spent up to it, and the resumed process adds its own."""
+    train_clip(load_config(None, args(tmp_path, synth_root, "whole", "train.checkpoint_every=4")))
+    part = copy_run_at(tmp_path / "whole", tmp_path / "part", "step_00000004")
+    earlier = torch.load(part / "checkpoints" / "step_00000004" / "state.pt", weights_only=True)["loop"]["wall_s"]
+    resumed = train_clip(load_config(None, args(tmp_path, synth_root, "part", "train.checkpoint_every=4",
+                                                "train.resume=latest")))
+    assert earlier > 0
+    assert resumed["wall_time_earlier_s"] == round(earlier, 2)
+    assert resumed["wall_time_s"] > earlier
+
+
 def test_resume_auto_starts_afresh_then_continues(tmp_path, synth_root, caplog):
     first = train_clip(load_config(None, args(tmp_path, synth_root, "auto", "train.max_steps=2", "train.resume=auto")))
     assert first["steps"] == 2
