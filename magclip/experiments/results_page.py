@@ -7,9 +7,11 @@ a number in the document can only come from a file and a rerun changes the text 
 
 Placeholders (paths relative to the repository root):
 
-    {{num FILE KEY [xSCALE] [.DIGITS]}}         a value of a JSON file; KEY is a dotted path whose
+    {{num FILE KEY [xSCALE] [.DIGITS] [signed]}}
+                                                a value of a JSON file; KEY is a dotted path whose
                                                 parts may themselves hold dots or slashes
-                                                (`scifact.modes.cosine.ndcg@10`)
+                                                (`scifact.modes.cosine.ndcg@10`); `signed`: a
+                                                difference, written +1.23 / −1.23
     {{grid FILE ROW COLUMN [xSCALE] [.DIGITS] [pm]}}
                                                 the mean of a compare grid's row (FILE: the JSON
                                                 written beside `--report`; ROW: its labels as
@@ -234,19 +236,23 @@ def _row_name(row: dict[str, Any]) -> str:
 
 
 def _format(value: float, std: float | None, options: list[str]) -> str:
-    scale, spec, pm = 1.0, ".2f", False
+    scale, spec, pm, sign = 1.0, ".2f", False, False
     for opt in options:
         if opt == "pm":
             pm = True
+        elif opt == "signed":
+            sign = True
         elif re.fullmatch(r"x[0-9.e+-]+", opt):
             scale = float(opt[1:])
         elif re.fullmatch(r"\.[0-9]+[fg]?", opt):
             spec = opt if opt[-1] in "fg" else opt + "f"
         else:
-            raise RenderError(f"unknown option {opt!r} (use xSCALE, .DIGITS, .DIGITSg or pm)")
+            raise RenderError(f"unknown option {opt!r} (use xSCALE, .DIGITS, .DIGITSg, pm or signed)")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    text = format(value * scale, spec)
+    text = format(value * scale, ("+" if sign else "") + spec)
+    if sign:
+        text = text.replace("-", "−")
     if pm and std is not None and not math.isnan(std):
         text += f" ± {format(std * scale, spec)}"
     return text

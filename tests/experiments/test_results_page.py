@@ -31,6 +31,12 @@ def test_placeholders_resolve(tmp_path):
                                       "plain {braces} stay; bin 0.250 qnorm")
 
 
+def test_signed_numbers_carry_their_sign_and_a_true_minus(tmp_path):
+    write(tmp_path)
+    assert render("{{num eval.json bins.0.d x100 .1 signed}} / {{num eval.json bins.1.d .2 signed}}", tmp_path) == \
+        "−50.0 / +0.25"
+
+
 def test_include_demotes_headings(tmp_path):
     write(tmp_path)
     assert render("{{include report.md +1}}", tmp_path) == "### grid\ntext #not-a-heading\n#### sub"
