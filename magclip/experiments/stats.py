@@ -309,6 +309,15 @@ def _for_correlation(x: np.ndarray, method: str) -> np.ndarray:
     return x
 
 
+def _on_one_scale(scores: np.ndarray, method: str) -> np.ndarray:
+    """[seeds, n] scores as values comparable across models: ranks (spearman) or z-scores (pearson), per seed."""
+    if method == "spearman":
+        return _for_correlation(scores, method)
+    centred = scores - scores.mean(axis=1, keepdims=True)
+    spread = scores.std(axis=1, keepdims=True)
+    return np.divide(centred, spread, out=np.zeros_like(centred), where=spread > 0)
+
+
 def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str = "spearman", *,
                            confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = 0,
                            chunk: int = 500) -> ItemStats:
@@ -316,7 +325,10 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
     the gold scores). `base_pred`, `row_pred`: [seeds, pairs] scores of the same pairs; the statistic
     is the mean over seeds of corr(row_s, gold) − corr(base_s, gold). Bootstrap: pairs resampled with
     replacement, the same draw in every seed (as `bootstrap_ci`), the correlation recomputed on each
-    draw; permutation p: each (seed, pair)'s two scores swapped at random, two-sided."""
+    draw; permutation p: each (seed, pair)'s two scores swapped at random, two-sided, after each model's
+    scores are put on one scale (ranks for spearman, z-scores for pearson; neither changes the observed
+    correlations): raw scores of two scoring modes live on different scales (cosine in [-1, 1], dot
+    unbounded), and swapping them would mix the scales, lower both correlations and widen the null."""
     if method not in ("spearman", "pearson"):
         raise ValueError(f"unknown correlation {method!r}; use spearman or pearson")
     gold = np.asarray(gold, dtype=float)
@@ -333,6 +345,7 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
 
     fixed_gold = _for_correlation(gold[None], method)
     observed = float(statistic(base[None], row[None], fixed_gold)[0])
+    base_z, row_z = _on_one_scale(base, method), _on_one_scale(row, method)  # exchangeable under the null
     boot, hits = [], 0
     for start in range(0, n_resamples, chunk):
         size = min(chunk, n_resamples - start)
@@ -340,7 +353,7 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
         boot.append(statistic(base[:, idx].transpose(1, 0, 2), row[:, idx].transpose(1, 0, 2),
                               _for_correlation(gold[idx], method)))
         swap = rng.integers(0, 2, size=(size, n_seeds, n)).astype(bool)
-        b, r = np.where(swap, row[None], base[None]), np.where(swap, base[None], row[None])
+        b, r = np.where(swap, row_z[None], base_z[None]), np.where(swap, base_z[None], row_z[None])
         perm = statistic(b, r, np.broadcast_to(fixed_gold, (size, n)))
         hits += int(np.sum(np.abs(perm) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
     draws = np.concatenate(boot)

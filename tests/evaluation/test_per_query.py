@@ -96,3 +96,16 @@ def test_a_correlation_difference_is_bootstrapped_over_pairs():
     assert cmp.verdict == "better" and cmp.n_items == 300 and math.isclose(cmp.item_low, found.low)
     with pytest.raises(ValueError, match="for 299 gold scores"):
         correlation_item_stats(gold[:-1], poor, good)
+
+
+@pytest.mark.parametrize("method", ["spearman", "pearson"])
+def test_the_permutation_test_of_a_correlation_ignores_each_models_score_scale(method):
+    """Two scoring modes score on different scales (cosine in [-1, 1], dot unbounded): the correlations,
+    and so the test, must not depend on it. Swapping raw scores mixed the scales and inflated p."""
+    rng = np.random.default_rng(1)
+    gold = rng.normal(size=400)
+    good = np.stack([gold + rng.normal(scale=0.85, size=400) for _ in range(3)])  # a small gain: p mid-range
+    poor = np.stack([gold + rng.normal(scale=1.0, size=400) for _ in range(3)])
+    plain = correlation_item_stats(gold, poor, good, method, n_resamples=2000)
+    rescaled = correlation_item_stats(gold, poor, 50 * good + 7, method, n_resamples=2000)  # another scale, same ranks
+    assert rescaled.p == plain.p and rescaled.low == pytest.approx(plain.low)
