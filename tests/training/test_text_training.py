@@ -244,10 +244,10 @@ def fresh_accelerate_state():
 
 
 def test_evaluations_before_and_after_training_share_their_precision(tmp_path, fresh_accelerate_state):
-    """A bf16 run at learning rate 1e-30 never moves its weights (updates below float32 rounding), so its evaluation after training equals the
-    one before, value for value: both encode in `eval.precision` (fp32 by default: the run's autocast is
-    switched off; bf16 on request), never the start in fp32 and the end under the run's bf16 autocast,
-    which put a precision change into "what training moved"."""
+    """A bf16 run at learning rate 1e-30 never moves its weights (updates below float32 rounding), so its
+    evaluation after training equals the one before, value for value: both encode in `eval.precision`
+    (fp32 by default: the run's autocast is switched off; bf16 on request), never the start in fp32 and
+    the end under the run's bf16 autocast, which put a precision change into "what training moved"."""
     model_dir = make_tiny_bert(tmp_path / "tiny-bert")
     rows = toy_rows(24)
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
