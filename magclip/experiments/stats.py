@@ -345,7 +345,7 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
 
     fixed_gold = _for_correlation(gold[None], method)
     observed = float(statistic(base[None], row[None], fixed_gold)[0])
-    base_z, row_z = _on_one_scale(base, method), _on_one_scale(row, method)  # exchangeable under the null
+    base_common, row_common = _on_one_scale(base, method), _on_one_scale(row, method)  # exchangeable under the null
     boot, hits = [], 0
     for start in range(0, n_resamples, chunk):
         size = min(chunk, n_resamples - start)
@@ -353,7 +353,8 @@ def correlation_item_stats(gold: Any, base_pred: Any, row_pred: Any, method: str
         boot.append(statistic(base[:, idx].transpose(1, 0, 2), row[:, idx].transpose(1, 0, 2),
                               _for_correlation(gold[idx], method)))
         swap = rng.integers(0, 2, size=(size, n_seeds, n)).astype(bool)
-        b, r = np.where(swap, row_z[None], base_z[None]), np.where(swap, base_z[None], row_z[None])
+        b = np.where(swap, row_common[None], base_common[None])
+        r = np.where(swap, base_common[None], row_common[None])
         perm = statistic(b, r, np.broadcast_to(fixed_gold, (size, n)))
         hits += int(np.sum(np.abs(perm) >= abs(observed) - 1e-12 * max(1.0, abs(observed))))
     draws = np.concatenate(boot)
