@@ -31,17 +31,18 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvc
 
 # Keys a resume may change: where the run is, when it stops, how often it logs, validates and
 # checkpoints, and how the host runs it (threads, loader workers, the speed levers but precision).
-# Every other key changes the experiment, and a resume whose config differs from its checkpoint's in
-# one is refused (`resume_differences`). Some of these still change what is trained, and a resume says
-# so when they differ (RESUME_CAVEATS): the number of steps (the cosine schedule is recomputed for the
-# new total from the resumed step on), the loader workers (the epoch in progress is read in another
-# sample order) and the speed levers (float rounding).
+# Every other key changes the experiment (`experiment_differences`): a resume whose config differs
+# from its checkpoint's in one is refused, and a grid's finished cell is stale. Some of these still
+# change what is trained, and a resume says so when they differ (RESUME_CAVEATS): the number of steps
+# (the cosine schedule is recomputed for the new total from the resumed step on), the loader workers
+# (the epoch in progress is read in another sample order) and the speed levers (float rounding).
 RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
-    "train.val_every", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
+    "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
     "train.compile", "train.compile_mode", "train.report_to", "loss.logit_scale_from_norms",
 )
+RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
     "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
     "train.max_steps": "the learning-rate schedule is recomputed for the new number of steps",
@@ -137,6 +138,8 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     val_every: int | None = None      # steps; None = only at the end
+    val_at: list[int] = field(default_factory=list)  # more validation steps (a budget curve: [160, 500, 1000]);
+                                      # a text run keeps each one's per-query outcomes in evals/step_N.json
     checkpoint_every: int | None = None  # steps; None = only at the end
     resume: str | None = None         # 'latest', 'auto' (latest if there is one, else a fresh start) or a step folder
     max_nonfinite_steps: int = 10     # consecutive skipped non-finite steps before the run stops
@@ -338,12 +341,8 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
             what = "names" if any_values else "names to strings"
             raise ConfigError(f"config key {key!r} must be a mapping of {what}, got {value!r}")
         return dict(value)
-    if typing.get_origin(kind) is list:  # list[str]: a YAML list or one comma-separated string; null = []
-        items = [] if value is None else value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-            raise ConfigError(f"config key {key!r} must be a list of strings or a comma-separated string, "
-                              f"got {value!r}")
-        return [v.strip() for v in items if v.strip()]
+    if typing.get_origin(kind) is list:  # a YAML list or one comma-separated string; null = []
+        return _coerce_list(typing.get_args(kind)[0], value, key)
     options = typing.get_args(kind) if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union else (kind,)
     if value is None:
         if type(None) in options:
@@ -367,6 +366,24 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
                 return _finite(number, key)
     names = " or ".join("null" if o is type(None) else o.__name__ for o in options)
     raise ConfigError(f"config key {key!r} must be {names}, got {value!r}")
+
+
+def _coerce_list(item: type, value: Any, key: str) -> list[Any]:
+    """list[str] or list[int]: a YAML list, or one comma-separated string ("wandb,mlflow", "160,500"); null = []."""
+    items = [] if value is None else value.split(",") if isinstance(value, str) else value
+    if item is int and isinstance(items, int) and not isinstance(items, bool):  # train.val_at=160
+        items = [items]
+    if item is int:
+        try:
+            if not isinstance(items, list) or any(isinstance(v, (bool, float)) for v in items):
+                raise ValueError
+            return [int(v) for v in items if not isinstance(v, str) or v.strip()]
+        except (TypeError, ValueError):
+            raise ConfigError(f"config key {key!r} must be a list of integers or a comma-separated string, "
+                              f"got {value!r}") from None
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"config key {key!r} must be a list of strings or a comma-separated string, got {value!r}")
+    return [v.strip() for v in items if v.strip()]
 
 
 def _finite(value: float, key: str) -> float:
@@ -439,6 +456,8 @@ def _check_train(train: TrainConfig) -> None:
         what = f"unknown tracker {unknown[0]!r}" if unknown else "'none' goes alone"
         raise ConfigError(f"train.report_to={','.join(train.report_to)!r}: {what}; allowed: "
                           f"{', '.join(TRACKERS)} (a list or comma-separated), or none")
+    if any(step < 1 for step in train.val_at):
+        raise ConfigError(f"train.val_at must list steps >= 1, got {train.val_at}")
     if train.threads is not None and train.threads < 1:
         raise ConfigError(f"train.threads must be >= 1 or null (automatic), got {train.threads}")
     positive = {"train.batch_size": train.batch_size, "train.epochs": train.epochs,
@@ -495,15 +514,20 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict, dict]:
-    """({key: (saved, current)} of experiment keys that differ, the same for RESUMABLE_KEYS) between the
-    config a checkpoint was trained with and the one resuming it. Keys only one side has (a config
-    written by another version of magclip) are not compared."""
+def experiment_differences(saved: dict[str, Any], current: dict[str, Any], *,
+                           finished: bool = False) -> tuple[dict, dict]:
+    """({key: (saved, current)} of experiment keys that differ, the same for the keys that may change)
+    between a config a run was trained with and the one that would run now. The one decision of "what
+    changes an experiment": a resume is refused on the first dict (training.checkpoints), and a grid
+    cell is stale on it (experiments.grid). A resume may lengthen or shorten a run, but the length of a
+    `finished` run is part of what it measured: there RUN_LENGTH_KEYS change the experiment too. Keys
+    only one side has (a config written by another version of magclip) are not compared."""
     old, new = flatten(saved), flatten(current)
     refused, allowed = {}, {}
     for key in sorted(set(old) & set(new)):
         if old[key] != new[key]:
-            (allowed if key in RESUMABLE_KEYS else refused)[key] = (old[key], new[key])
+            may_change = key in RESUMABLE_KEYS and not (finished and key in RUN_LENGTH_KEYS)
+            (allowed if may_change else refused)[key] = (old[key], new[key])
     return refused, allowed
 
 

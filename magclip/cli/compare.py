@@ -12,8 +12,10 @@ Cells run one after another as subprocesses (`python train/clip.py --config BASE
 --jobs N at a time, from the current directory (run from the repository root); a finished cell
 (its results.json exists) is skipped, so re-running after a kill finishes only the missing
 cells, and an interrupted cell restarts (overwrite=true) or continues from its last checkpoint
-(train.resume=latest). Extra positional `key=value` overrides go to every cell (and change its
-spec: cells finished without them are reported as stale). --print-commands prints the pending
+(train.resume=latest). Extra positional `key=value` overrides go to every cell (a cell finished
+with another value of an experiment key is reported as stale, naming the key and both values; so
+is one whose run differs from what the current code would run, e.g. after a default changed:
+--allow-stale KEY ... accepts a known-harmless difference). --print-commands prints the pending
 cells' commands for a cluster scheduler (one line per cell, run from the repository root) and
 runs nothing.
 
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite-report", action="store_true",
                         help="replace --report even when it records more finished runs than this report")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG bar plots")
+    parser.add_argument("--allow-stale", nargs="+", default=[], metavar="KEY",
+                        help="config keys whose difference between a finished cell's run and the current config is "
+                             "known to be harmless: the cell stays current (e.g. train.precision)")
     parser.add_argument("--no-validate", action="store_true",
                         help="skip loading every cell's config before running (done by default)")
     args = parser.parse_args(argv)
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if "=" not in item:
             parser.error(f"override {item!r} must look like key.sub=value")
     try:
-        grid = load_grid(args.grid, args.overrides, args.output_dir)
+        grid = load_grid(args.grid, args.overrides, args.output_dir, allow_stale=args.allow_stale)
         if not (args.print_commands or args.only_report or args.no_validate):
             validate_cells(grid)
     except GridError as e:

@@ -61,15 +61,20 @@ class CellRecord:
     cell: str
     axis_values: dict[str, str]
     finished: bool
-    stale: bool
+    stale_reasons: list[str]        # why a finished cell is not the grid's current experiment (empty: current)
     values: dict[str, float | None]
     results: dict[str, str]
     unresolved: list[str]
 
+    @property
+    def stale(self) -> bool:
+        return bool(self.stale_reasons)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as compare.json holds it (axis values as top-level keys)."""
         return {"cell": self.cell, **self.axis_values, "finished": self.finished, "stale": self.stale,
-                "values": self.values, "results": self.results, "unresolved": self.unresolved}
+                "stale_reasons": self.stale_reasons, "values": self.values, "results": self.results,
+                "unresolved": self.unresolved}
 
 
 @dataclass
@@ -110,7 +115,7 @@ def collect(grid: Grid) -> list[CellRecord]:
             v = lookup(loaded.get(col.source), col.path) if loaded.get(col.source) is not None else None
             values[col.key] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         finished = cell.finished
-        records.append(CellRecord(cell.name, dict(cell.values), finished, finished and cell.stale, values,
+        records.append(CellRecord(cell.name, dict(cell.values), finished, cell.stale_reasons() if finished else [], values,
                                   {k: str(p) for k, p in cell.results.items()},
                                   [k for k, v in values.items() if v is None] if finished else []))
     return records

@@ -61,12 +61,17 @@ without a `NAME:` prefix reads the first results file (`main`; for clip/text the
 Resumable: a cell is finished when every step's `creates` file exists (the trainers write
 results.json atomically, last); finished cells are skipped. An unfinished training step restarts
 with `overwrite=true`, or continues with `train.resume=latest` when its run directory holds a
-checkpoint written under the same cell spec (recorded in <output_dir>/cells/<cell>.json: the base
-config's path and a digest of its settings, the overrides, the commands). A finished cell whose
-recorded spec differs from the grid's -- an override changed, or the base config edited since it
-ran -- is reported as stale, not re-run (delete its run directory to re-run it). Every launch is
-logged in <output_dir>/ran.jsonl and its output in <output_dir>/logs/<cell>.log; a failing cell is
-reported and the grid goes on.
+checkpoint of the same experiment. A finished cell is stale when the experiment the grid would run
+now is not the one it ran: for the clip and text launchers, when the resolved config the current
+code builds from the base config and the overrides differs from the run's own config.yaml in a key
+that changes the experiment -- the resume guard's rule, `magclip.config.experiment_differences`, so
+an edited setting, override or code default counts, a comment or a restated value does not -- or
+when the commands of its other steps changed (recorded in <output_dir>/cells/<cell>.json with the
+base config's path and a digest of its settings; a custom launcher's cells are judged on that
+record). A stale cell is reported with each differing key and both values, not re-run (delete its
+run directory to re-run it); `--allow-stale KEY ...` accepts a known-harmless difference. Every
+launch is logged in <output_dir>/ran.jsonl and its output in <output_dir>/logs/<cell>.log; a
+failing cell is reported and the grid goes on.
 """
 
 from __future__ import annotations
@@ -82,7 +87,14 @@ from typing import Any
 
 import yaml
 
-from magclip.config import ConfigError, from_dict
+from magclip.config import (
+    ConfigError,
+    experiment_differences,
+    from_dict,
+    load_config,
+    load_text_config,
+    to_dict,
+)
 
 BETTER = ("max", "min", "diff", "none")
 VALUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -216,6 +228,8 @@ class Cell:
     output_dir: Path
     steps: list[Step]
     results_templates: dict[str, str]
+    schema: str | None = None     # the built-in launcher's run schema (clip, text): its resolved config is compared
+    allow_stale: tuple[str, ...] = ()  # config keys whose difference is accepted as harmless (--allow-stale)
 
     @property
     def runs_dir(self) -> Path:
@@ -293,12 +307,59 @@ class Cell:
 
     @property
     def stale(self) -> bool:
+        return bool(self.stale_reasons())
+
+    def stale_reasons(self) -> list[str]:
+        """Why the cell's run is not the experiment the grid would run now, one line per reason (empty:
+        current). A built-in launcher's run is judged on its resolved config (run_dir/config.yaml) against
+        the one the current code resolves from the base and the overrides, by the resume guard's rule
+        (`magclip.config.experiment_differences`): a changed code default counts, a comment or an
+        override that restates a value does not; keys in `allow_stale` are accepted. Its other steps are
+        judged on their commands. A run without a resolved config is judged on its recorded spec."""
         recorded = self.recorded_spec()
-        if recorded is None:
-            return False
-        # a spec recorded before base digests were kept is judged on what it holds
-        keys = SPEC_KEYS if "base_sha256" in recorded else SPEC_KEYS[1:]
-        return _spec_key(recorded, keys) != _spec_key(self.spec(), keys)
+        ran = self.ran_config()
+        if ran is None:
+            if recorded is None:
+                return []
+            # a spec recorded before base digests were kept is judged on what it holds
+            keys = SPEC_KEYS if "base_sha256" in recorded else SPEC_KEYS[1:]
+            changed = _spec_key(recorded, keys) != _spec_key(self.spec(), keys)
+            return ["its spec (base config, overrides, commands) changed since it ran"] if changed else []
+        now = self.current_config()
+        if isinstance(now, str):
+            return [now]
+        refused, _ = experiment_differences(ran, now, finished=self.finished)
+        reasons = [f"{key}: {old!r} when it ran, {new!r} now" for key, (old, new) in refused.items()
+                   if key not in self.allow_stale]
+        if recorded is not None and self._step_commands(recorded.get("commands") or []) != \
+                self._step_commands(self.spec()["commands"]):
+            reasons.append("the commands of its evaluation steps changed")
+        return reasons
+
+    def _step_commands(self, commands: list[Any]) -> list[Any]:
+        """The commands of the steps other than the built-in training (its command is judged on the config)."""
+        return [c for step, c in zip(self.steps, commands) if not step.trainer]
+
+    def ran_config(self) -> dict[str, Any] | None:
+        """The resolved config the cell's run was trained with (its run folder's config.yaml), if any."""
+        if self.schema is None:
+            return None
+        try:
+            return yaml.safe_load((self.run_dir / "config.yaml").read_text()) or None
+        except (OSError, yaml.YAMLError):
+            return None
+
+    def resolved_config(self) -> dict[str, Any]:
+        """The resolved config the current code runs the cell's training with (ConfigError if it does not load)."""
+        loader = load_config if self.schema == "clip" else load_text_config
+        return to_dict(loader(self.base, [*self.overrides, f"name={self.name}", f"output_dir={self.runs_dir}"]))
+
+    def current_config(self) -> dict[str, Any] | str:
+        """`resolved_config`, or why it cannot be resolved (a base config since removed or broken)."""
+        try:
+            return self.resolved_config()
+        except (ConfigError, OSError) as exn:
+            return f"its config no longer resolves: {exn}"
 
     def restart_args(self, step: Step) -> list[str]:
         """`train.resume=latest` when a checkpoint of this very spec is there, else `overwrite=true`."""
@@ -338,6 +399,12 @@ class Grid:
     command: str = ""             # the eval/compare.py line that regenerates the report
     baseline: dict[str, str] | None = None   # table-axis labels of the row the others are compared with
     contrasts: list[tuple[dict[str, str], dict[str, str]]] = field(default_factory=list)  # (row, baseline)
+    allow_stale: list[str] = field(default_factory=list)  # config keys whose difference keeps a cell current
+
+    @property
+    def schema(self) -> str | None:
+        """The run schema of a built-in launcher (clip, text); None for a custom one."""
+        return BUILTIN_LAUNCHERS[self.launcher]["config"] if self.launcher in BUILTIN_LAUNCHERS else None
 
     @property
     def table_axes(self) -> list[Axis]:
@@ -358,7 +425,8 @@ class Grid:
             name = ",".join(f"{a.name}={v.name}" for a, v in zip(self.axes, picked)) or "all"
             cells.append(Cell(name=name, values={a.name: v.name for a, v in zip(self.axes, picked)}, base=base,
                               overrides=overrides, output_dir=self.output_dir, steps=self.steps,
-                              results_templates=self.results))
+                              results_templates=self.results, schema=self.schema,
+                              allow_stale=tuple(self.allow_stale)))
         return cells
 
 
@@ -481,8 +549,9 @@ def _launcher(raw: Any) -> tuple[str, list[Step], dict[str, str]]:
 
 
 def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
-              output_dir: str | Path | None = None) -> Grid:
-    """Read and check a grid YAML (or an equivalent dict); `extra_overrides` go to every cell."""
+              output_dir: str | Path | None = None, allow_stale: list[str] | None = None) -> Grid:
+    """Read and check a grid YAML (or an equivalent dict); `extra_overrides` go to every cell; a difference
+    in an `allow_stale` key keeps a finished cell current (a known-harmless change)."""
     if isinstance(path, dict):
         raw, where = path, None
     else:
@@ -512,14 +581,16 @@ def load_grid(path: str | Path | dict, extra_overrides: list[str] | None = None,
                 output_dir=Path(output_dir or spec.output_dir), launcher=launcher, base=spec.base,
                 overrides=_overrides(spec.overrides, "overrides") + list(extra_overrides or []),
                 axes=axes, aggregate=aggregate, columns=columns, steps=steps, results=results,
-                env={k: str(v) for k, v in spec.env.items()}, description=spec.description, scale=spec.scale)
+                env={k: str(v) for k, v in spec.env.items()}, description=spec.description, scale=spec.scale,
+                allow_stale=list(allow_stale or []))
     grid.baseline = _baseline(spec.baseline, grid)
     if not isinstance(spec.contrasts or [], list):
         raise GridError(f"contrasts: {spec.contrasts!r} is not a list of {{row: ..., baseline: ...}}")
     grid.contrasts = [_contrast(c, grid) for c in spec.contrasts or []]
     grid.command = shlex.join(["python", "eval/compare.py", "--grid", where.as_posix() if where else "GRID.yaml",
                                *(["--output-dir", str(output_dir)] if output_dir else []),
-                               *(extra_overrides or []), "--only-report"])
+                               *(extra_overrides or []), *(["--allow-stale", *allow_stale] if allow_stale else []),
+                               "--only-report"])
     grid.cells()  # placeholders and names resolve
     return grid
 
@@ -561,14 +632,10 @@ def _contrast(raw: Any, grid: Grid) -> tuple[dict[str, str], dict[str, str]]:
 
 def validate_cells(grid: Grid) -> None:
     """Load every cell's experiment config in-process: a typo fails now, not hours into the grid."""
-    if grid.launcher not in BUILTIN_LAUNCHERS:
+    if grid.schema is None:
         return
-    if BUILTIN_LAUNCHERS[grid.launcher]["config"] == "clip":
-        from magclip.config import load_config as loader
-    else:
-        from magclip.config import load_text_config as loader
     for cell in grid.cells():
         try:
-            loader(cell.base, [*cell.overrides, f"name={cell.name}", f"output_dir={cell.runs_dir}"])
+            cell.resolved_config()
         except Exception as e:
             raise GridError(f"cell {cell.name}: {e}") from e

@@ -364,11 +364,12 @@ def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plot
         lines += ["### What training moved (each run against the model it started from)", "",
                   comparison_table(grid, effects, levels=True), "", TRAINING_EFFECT_NOTE, ""]
     missing = [r.cell for r in records if not r.finished]
-    stale = [r.cell for r in records if r.stale]
+    stale = [r for r in records if r.stale]
     if missing:
         lines += [f"Not finished: {', '.join(f'`{m}`' for m in missing)}.", ""]
     if stale:
-        lines += [f"Stale (finished under another spec): {', '.join(f'`{s}`' for s in stale)}.", ""]
+        lines += ["Stale (finished, but not the experiment the grid runs now; in the table all the same): "
+                  + "; ".join(f"`{r.cell}` ({', '.join(r.stale_reasons)})" for r in stale) + ".", ""]
     for key, cells in unresolved_columns(records).items():
         where = ", ".join(f"`{c}`" for c in cells)
         lines += [(f"Column `{key}` has no number in finished runs {where} (a typo in the path, or a metric "

@@ -218,7 +218,8 @@ def _paired_from_cells(data: dict[str, Any], row: dict[str, str], base: dict[str
     if not cells or not base_cells or not data.get("rows"):
         return None
     table = set(data["rows"][0]["labels"])
-    paired_by = [k for k in cells[0] if k not in table and k not in ("cell", "finished", "stale", "values")]
+    not_axes = ("cell", "finished", "stale", "stale_reasons", "values")
+    paired_by = [k for k in cells[0] if k not in table and k not in not_axes]
 
     def values(source: list[dict], labels: dict[str, str]) -> dict[tuple, float]:
         return {tuple(c.get(k) for k in paired_by): c["values"].get(column) for c in source

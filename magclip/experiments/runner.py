@@ -137,9 +137,10 @@ def run_grid(grid: Grid, max_cells: int | None = None, echo: Callable[[str], Non
     todo = [c for c in cells if not c.finished]
     skipped = [c.name for c in cells if c.finished]
     for c in cells:
-        if c.finished and c.stale:
-            echo(f"warning: finished cell {c.name} was run with another spec ({c.spec_path}); "
-                 "it is kept -- delete its run directory to re-run it")
+        reasons = c.stale_reasons() if c.finished else []
+        if reasons:
+            echo(f"warning: finished cell {c.name} is stale ({'; '.join(reasons)}); it is kept -- delete "
+                 f"{c.run_dir} to re-run it, or accept the difference with --allow-stale KEY")
     if max_cells is not None:
         todo = todo[:max_cells]
     echo(f"grid {grid.name}: {len(cells)} cells, {len(skipped)} finished, running {len(todo)}"

@@ -24,7 +24,7 @@ import torch
 import yaml
 from torch import nn
 
-from magclip.config import RESUMABLE_KEYS, RESUME_CAVEATS, ConfigError, resume_differences
+from magclip.config import RESUMABLE_KEYS, RESUME_CAVEATS, ConfigError, experiment_differences
 from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
 
 log = logging.getLogger("magclip.training.checkpoints")
@@ -130,7 +130,7 @@ def check_resume_config(current: dict[str, Any], step: Path) -> None:
                     "cannot check that the resume continues the same experiment", step, CONFIG_FILE)
         return
     saved, source = found
-    refused, allowed = resume_differences(saved, current)
+    refused, allowed = experiment_differences(saved, current)
     for key, (old, new) in allowed.items():
         caveat = RESUME_CAVEATS.get(key)
         log.info("train.resume: %s %r -> %r%s", key, old, new, f" ({caveat})" if caveat else "")

@@ -315,10 +315,16 @@ class Engine:
             self._rate_mark = (now, samples)
             self._log(out, (samples - samples_last) * self.acc.num_processes / max(now - t_last, 1e-9))
             bar.set_postfix(loss=f"{float(out['loss'].detach()):.4f}")
-        if self.cfg.val_every and step % self.cfg.val_every == 0 and step < self.total_steps:
+        if self._validates_at(step):
             self.run_evaluation()
         if self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
+
+    def _validates_at(self, step: int) -> bool:
+        """A validation after step `step`: every `val_every` steps and at each of `val_at` (the last step's
+        is the run's final evaluation, taken by the task)."""
+        periodic = bool(self.cfg.val_every) and step % self.cfg.val_every == 0
+        return (periodic or step in self.cfg.val_at) and step < self.total_steps
 
     def _logs_at(self, step: int) -> bool:
         """Whether optimizer step `step` (1-based) is written to metrics.jsonl."""

@@ -47,6 +47,7 @@ from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.text")
 START_KEY = "zero_shot"   # results.json's evaluation of the model before training (eval.at_start)
+EVALS_DIR = "evals"       # evals/step_N.json: the evaluations after step N (train.val_at, val_every, the last)
 
 
 # ---------------------------------------------------------------------------- model + loss
@@ -153,7 +154,10 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
 
     def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
         with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # the same before and after training
-            return evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
+            metrics = evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
+        if step > 0:
+            write_step_evaluation(run_dir, step, metrics)
+        return metrics
 
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
         m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
@@ -194,6 +198,22 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     return write_results(results, run_dir, accelerator)
 
 
+def step_evaluation_path(run_dir: Path, step: int) -> Path:
+    """evals/step_N.json: one evaluation of the run after step N, its per-query outcomes beside it."""
+    return run_dir / EVALS_DIR / f"step_{step:08d}.json"
+
+
+def write_step_evaluation(run_dir: Path, step: int, metrics: RetrievalMetrics) -> Path:
+    """Keep an evaluation after `step` (a `train.val_at` step, a `val_every` one, the last) under the same keys
+    as results.json (`metrics.<set>/<metric>`), so that a budget curve pairs it, query by query, with the
+    final evaluation and with other runs' evaluations at the same step. A resumed run that repeats the
+    step writes it again (the same model: a resume continues exactly)."""
+    path = step_evaluation_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_results_with_outcomes(path, {"step": step, "metrics": metrics})
+    return path
+
+
 def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics]) -> dict[str, Any]:
     """The evaluation of the model training starts from (`eval.at_start`): computed on a fresh run and
     kept in the run folder (`zero_shot.json`, its per-query outcomes beside it), read back on a resumed
@@ -221,4 +241,4 @@ def format_train_table(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-__all__ = ["TextTrainModule", "format_train_table", "train_text"]
+__all__ = ["TextTrainModule", "format_train_table", "step_evaluation_path", "train_text", "write_step_evaluation"]

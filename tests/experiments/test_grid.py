@@ -162,6 +162,62 @@ def test_a_base_config_edited_since_the_run_makes_the_cell_stale(tmp_path):
     cell.spec_path.write_text(json.dumps(old))
     assert not cell.stale and cell.pending_commands()[0][-1] == "train.resume=latest"
 
+def _ran(cell, cfg: dict | None = None) -> dict:
+    """A finished run of the cell as its trainer leaves it: the resolved config (config.yaml) and results.json."""
+    cfg = cell.resolved_config() if cfg is None else cfg
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    (cell.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    fake_results(cell, 0.5, 3.0)
+    return cfg
+
+
+def test_staleness_judges_the_resolved_config_by_the_resume_guards_rule(tmp_path, monkeypatch):
+    """A finished cell is compared on its run's config.yaml with what the current code would run: an edited
+    setting is stale, naming the key and both values; a comment, an override restating a value, or a key a
+    resume may change is not; --allow-stale accepts a key. The resume guard decides with the same function:
+    making train.lr resumable changes both answers at once."""
+    import magclip.config
+    from magclip.training.checkpoints import ResumeConfigError, check_resume_config
+
+    base = tmp_path / "recipe.yaml"
+    base.write_text((ROOT / "configs/clip/default.yaml").read_text())
+    cell = load_grid(grid_dict(tmp_path, base=str(base))).cells()[0]
+    ran = _ran(cell)
+    assert cell.finished and cell.stale_reasons() == []
+    base.write_text(base.read_text() + "\n# a comment edited: the same recipe\n")
+    assert cell.stale_reasons() == []
+    restated = load_grid(grid_dict(tmp_path, base=str(base)), [f"train.lr={ran['train']['lr']}"]).cells()[0]
+    assert restated.stale_reasons() == []                    # another spec, the same experiment
+    assert load_grid(grid_dict(tmp_path, base=str(base)), ["train.log_every=3"]).cells()[0].stale_reasons() == []
+    longer = load_grid(grid_dict(tmp_path, base=str(base)), ["train.max_steps=7"]).cells()[0]
+    assert longer.stale_reasons() == ["train.max_steps: None when it ran, 7 now"]   # a finished run's length counts
+    edited = load_grid(grid_dict(tmp_path, base=str(base)), ["train.lr=0.01"]).cells()[0]
+    assert edited.stale_reasons() == [f"train.lr: {ran['train']['lr']!r} when it ran, 0.01 now"]
+    allowed = load_grid(grid_dict(tmp_path, base=str(base)), ["train.lr=0.01"], allow_stale=["train.lr"]).cells()[0]
+    assert allowed.stale_reasons() == []
+    step = tmp_path / "step_00000001"
+    step.mkdir()
+    (step / "config.yaml").write_text(yaml.safe_dump(ran))
+    with pytest.raises(ResumeConfigError, match="train.lr"):
+        check_resume_config(edited.resolved_config(), step)
+    monkeypatch.setattr(magclip.config, "RESUMABLE_KEYS", (*magclip.config.RESUMABLE_KEYS, "train.lr"))
+    assert edited.stale_reasons() == []
+    check_resume_config(edited.resolved_config(), step)      # one decision: both accept it now
+    base.unlink()
+    assert cell.stale_reasons()[0].startswith("its config no longer resolves: config file not found")
+
+
+def set_code_default(monkeypatch, schema: type, name: str, value) -> None:
+    """Change a config field's default as an edit of magclip/config.py would (the generated __init__'s defaults)."""
+    import dataclasses
+
+    with_default = [f.name for f in dataclasses.fields(schema)
+                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+    defaults = list(schema.__init__.__defaults__)
+    defaults[with_default.index(name)] = value
+    monkeypatch.setattr(schema.__init__, "__defaults__", tuple(defaults))
+
+
 # ----------------------------------------------------------------------------- table maths
 
 
@@ -373,3 +429,22 @@ def test_synthetic_grid_end_to_end_kill_and_resume(tmp_path, capsys, monkeypatch
     md = (out / "compare.md").read_text()
     assert md.count("\n| cosine | 2/2 |") == 1 and md.count("\n| i2t_qnorm | 2/2 |") == 1 and "**" in md
     assert (out / "plots" / "overview.png").stat().st_size > 1000
+
+    # a code default changed since the cells ran (train.precision, which no override sets): every finished
+    # cell is stale, the report and the runner name the key with both values, nothing is re-run
+    from magclip.config import ClipTrainConfig
+
+    ran = yaml.safe_load((out / "runs" / "loss=cosine,seed=0" / "config.yaml").read_text())["train"]["precision"]
+    now = "bf16" if ran != "bf16" else "fp32"
+    set_code_default(monkeypatch, ClipTrainConfig, "precision", now)
+    assert load_config().train.precision == now
+    reason = f"train.precision: {ran!r} when it ran, {now!r} now"
+    assert all(c.stale_reasons() == [reason] for c in load_grid(grid_path).cells())
+    n_log = len(ran_log(out))
+    capsys.readouterr()
+    assert main(["--grid", str(grid_path), "--no-plots"]) == 0
+    assert len(ran_log(out)) == n_log and "is stale (train.precision: " in capsys.readouterr().out
+    md = (out / "compare.md").read_text()
+    assert "Stale (finished, but not the experiment the grid runs now" in md and md.count(reason) == 4  # once per cell
+    assert main(["--grid", str(grid_path), "--only-report", "--no-plots", "--allow-stale", "train.precision"]) == 0
+    assert "Stale" not in (out / "compare.md").read_text()

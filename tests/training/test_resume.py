@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from magclip.config import RESUMABLE_KEYS, load_config, resume_differences, to_dict
+from magclip.config import RESUMABLE_KEYS, load_config, experiment_differences, to_dict
 from magclip.training.checkpoints import CONFIG_FILE, ResumeConfigError
 from magclip.training.clip import train_clip
 from builders import copy_run_at, tiny_run
@@ -134,10 +134,10 @@ def test_resume_auto_replaces_an_attempt_that_left_no_checkpoint(tmp_path, synth
         train_clip(load_config(None, args(tmp_path, synth_root, "other", "train.resume=latest")))
 
 
-def test_resume_differences_compares_only_experiment_keys():
+def test_experiment_differences_compares_only_experiment_keys():
     base = to_dict(load_config(None, []))
     changed = to_dict(load_config(None, ["train.max_steps=9", "data.workers=4", "loss.i2t=dnorm"]))
-    refused, allowed = resume_differences(base, changed)
+    refused, allowed = experiment_differences(base, changed)
     assert refused == {"loss.i2t": ("cosine", "dnorm")}
     assert allowed == {"train.max_steps": (None, 9), "data.workers": (2, 4)}
     assert set(allowed) <= set(RESUMABLE_KEYS)

@@ -232,6 +232,53 @@ def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tm
     assert old["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
 
 
+def test_an_evaluation_at_a_chosen_step_pairs_with_the_final_one(tmp_path):
+    """train.val_at=[2]: the run evaluates the model of step 2 (the step-2 checkpoint's, evaluated again
+    afterwards, gives the same per-query values) into evals/step_00000002.json under results.json's keys,
+    its per-query values beside it pair query by query with the final evaluation's (eval/paired.py), and
+    an evaluation of other queries does not pair (the digest check)."""
+    from magclip.experiments.paired import compare_outputs
+    from magclip.metrics.ranks import DIGEST_MARK, load_query_values, queries_path
+    from magclip.models.text import BiEncoder
+    from magclip.similarity import make_scorer
+    from magclip.training.text import step_evaluation_path
+    from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
+
+    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
+    rows = toy_rows(32)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    beir, sts = write_toy_eval(tmp_path, rows[:12])
+    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
+                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
+                 "train.batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "train.warmup_steps=0",
+                 "train.lr=1e-3", "loss.mode=dnorm", f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}",
+                 "eval.rag={}", "train.val_at=[2]"]
+    config = ROOT / "configs" / "text" / "scifact.yaml"
+    cfg = load_text_config(config, [*overrides, "name=budget"])
+    results = train_text(cfg)
+    run = tmp_path / "runs" / "budget"
+    at_2, final = step_evaluation_path(run, 2), step_evaluation_path(run, 4)
+    assert sorted(p.name for p in (run / "evals").glob("*.json")) == [at_2.name, final.name]
+    assert numbers(json.loads(final.read_text())["metrics"]) == numbers(results["metrics"])
+    assert numbers(json.loads(at_2.read_text())["metrics"]) != numbers(results["metrics"])  # it trained on
+    values = load_query_values(queries_path(at_2))
+    encoder = BiEncoder.from_pretrained(run / "checkpoints" / "step_00000002" / "model")
+    again = evaluate_text_sets(encoder, make_scorer("dnorm"), TextEvalSets.load(cfg.eval, encoder), cfg.eval)
+    for key, array in again.values.items():
+        assert np.allclose(values[f"metrics.{key}"], array, atol=1e-6, equal_nan=True), key
+
+    found, skipped = compare_outputs(run / "results.json", at_2)
+    assert not skipped and {m.base_key for m in found} >= {"metrics.toy/ndcg@10", "metrics.toy/pred_ab"}
+    ndcg = next(m for m in found if m.base_key == "metrics.toy/ndcg@10")
+    assert ndcg.n_queries == 12 and ndcg.low <= ndcg.diff <= ndcg.high and ndcg.verdict
+    train_text(load_text_config(config, [*overrides, "name=fewer", "eval.max_queries=6", "train.val_at=[]"]))
+    fewer = step_evaluation_path(tmp_path / "runs" / "fewer", 4)
+    assert any(k.endswith(DIGEST_MARK) for k in load_query_values(queries_path(fewer)))
+    found, skipped = compare_outputs(at_2, fewer)
+    assert not any(m.base_key.startswith("metrics.toy/ndcg") for m in found)
+    assert any("toy/ndcg@10" in line and "different queries" in line for line in skipped)
+
+
 @pytest.fixture
 def fresh_accelerate_state():
     """accelerate keeps one mixed precision per process: a bf16 run after an fp32 one in the same test

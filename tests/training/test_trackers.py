@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from magclip.config import TRACKERS, ConfigError, flatten, load_config, load_text_config, resume_differences, to_dict
+from magclip.config import TRACKERS, ConfigError, flatten, load_config, load_text_config, experiment_differences, to_dict
 from magclip.training.clip import train_clip
 from magclip.training.metrics_log import MetricsLog
 from magclip.training.trackers import EXTRAS
@@ -192,7 +192,7 @@ def test_report_to_takes_a_list_or_a_comma_separated_string_and_refuses_unknown_
 
 def test_report_to_may_change_on_a_resume():
     saved, now = load_config(None, []), load_config(None, ["train.report_to=wandb"])
-    refused, allowed = resume_differences(to_dict(saved), to_dict(now))
+    refused, allowed = experiment_differences(to_dict(saved), to_dict(now))
     assert not refused and allowed == {"train.report_to": (["tensorboard"], ["wandb"])}
 
 
