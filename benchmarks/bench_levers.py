@@ -3,6 +3,7 @@
     python benchmarks/bench_levers.py --part step               # in-memory steps: tiny-resnet, tiny-vit, MiniLM
     python benchmarks/bench_levers.py --part compile            # cold and warm torch.compile, and its break-even
     python benchmarks/bench_levers.py --part mainjob            # the README's main job, this checkout vs --before
+    python benchmarks/bench_levers.py --part precision --side-by-side   # the main job, fp32 vs train.precision=auto
     python benchmarks/bench_levers.py --part encode             # MiniLM BEIR encoding fp32 vs bf16 (SciFact)
     python benchmarks/bench_levers.py --part step --tiny        # smoke check: few steps, 1 round
 
@@ -25,6 +26,9 @@ two checkouts of a seed at once (both under the same load, so their ratio stays 
 too long to run one after the other, e.g. the emoji recipe (the buffer pinned: its default changed):
     python benchmarks/bench_levers.py --part mainjob --side-by-side --recipe configs/clip/emoji.yaml \
         --extra data.shuffle_buffer=1000 --out benchmarks/results/levers_emoji.json
+
+precision: the same, this checkout on both sides, `train.precision=fp32` against `auto` (R@1 and
+samples/s per seed; --recipe for the emoji recipe).
 
 encode: eval/beir.py's encoding of a SciFact subset by MiniLM, --precision fp32 vs bf16, alternating:
 documents/s and nDCG@10.
@@ -104,7 +108,8 @@ def step_child(workload: str, variants: list[str], steps: int, batch: int, out: 
     from torch.utils.flop_counter import FlopCounterMode
 
     from magclip.config import TrainConfig
-    from magclip.training.engine import Engine, make_accelerator
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.engine import Engine
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     engines, batches = {}, {}
@@ -179,7 +184,8 @@ def compile_child(compiled: bool, steps: int, batch: int, out: Path) -> None:
     import torch
 
     from magclip.config import TrainConfig
-    from magclip.training.engine import Engine, make_accelerator
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.engine import Engine
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
@@ -244,31 +250,43 @@ def part_mainjob(a) -> dict[str, Any]:
                    capture_output=True)
     if (REPO.parent / "shared").is_dir():  # so that a recipe's ../shared/data paths mean the same data
         (before.parent / "shared").symlink_to(REPO.parent / "shared")
-    out = Path(tempfile.mkdtemp(prefix="mainjob_"))
-    res: dict[str, list[dict]] = {"before": [], "after": []}
-    trees = (("before", before), ("after", REPO))
     try:
-        for seed in range(a.seeds):
-            with ThreadPoolExecutor(2 if a.side_by_side else 1) as pool:
-                runs = [pool.submit(_main_job, tree, f"{label}_{seed}", seed, out, a.threads, a.recipe, a.extra)
-                        for label, tree in trees]
-                for (label, _), run in zip(trees, runs):
-                    res[label].append(run.result())
-                    print(label, seed, {k: round(v, 4) for k, v in res[label][-1].items()}, flush=True)
+        return {**_main_job_sides(a, [("before", before, []), ("after", REPO, [])]), "before": a.before}
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(before)], capture_output=True)
+
+
+def part_precision(a) -> dict[str, Any]:
+    """This checkout's main job (or --recipe) in fp32 against `train.precision=auto`, seed by seed: the
+    measurement behind the precision default (auto's R@1 must stay within the seed spread)."""
+    return _main_job_sides(a, [(p, REPO, [f"train.precision={p}"]) for p in ("fp32", "auto")])
+
+
+def _main_job_sides(a, sides: list[tuple[str, Path, list[str]]]) -> dict[str, Any]:
+    """Seeds 0..N-1 of the main job on each (label, checkout, overrides) side, alternating or --side-by-side;
+    the table, and the second side's samples/s over the first's."""
+    out = Path(tempfile.mkdtemp(prefix="mainjob_"))
+    res: dict[str, list[dict]] = {label: [] for label, _, _ in sides}
+    for seed in range(a.seeds):
+        with ThreadPoolExecutor(len(sides) if a.side_by_side else 1) as pool:
+            runs = [pool.submit(_main_job, tree, f"{label}_{seed}", seed, out, a.threads, a.recipe, [*a.extra, *extra])
+                    for label, tree, extra in sides]
+            for (label, _, _), run in zip(sides, runs):
+                res[label].append(run.result())
+                print(label, seed, {k: round(v, 4) for k, v in res[label][-1].items()}, flush=True)
     rows = []
     for label, runs in res.items():
         rows.append([label, f"{statistics.median(r['samples_per_s'] for r in runs):.0f}",
                      f"{statistics.median(r['train_s'] for r in runs):.1f}",
                      ", ".join(f"{100 * r['r1_i2t']:.1f}" for r in runs),
                      ", ".join(f"{100 * r['r1_t2i']:.1f}" for r in runs)])
-    ratio = statistics.median(r["samples_per_s"] for r in res["after"]) / statistics.median(
-        r["samples_per_s"] for r in res["before"])
+    first, second = (label for label, _, _ in sides)
+    ratio = statistics.median(r["samples_per_s"] for r in res[second]) / statistics.median(
+        r["samples_per_s"] for r in res[first])
     print(table(rows, ["main job", "samples/s (median)", "train s (median)", "val i→t R@1 per seed",
                        "val t→i R@1 per seed"]))
-    print(f"after / before samples/s: {ratio:.2f}")
-    return {"runs": res, "ratio": ratio, "before": a.before}
+    print(f"{second} / {first} samples/s: {ratio:.2f}")
+    return {"runs": res, "ratio": ratio}
 
 
 # ----------------------------------------------------------------------------- MiniLM BEIR encoding
@@ -295,7 +313,7 @@ def part_encode(a) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("step", "compile", "mainjob", "encode"), default="step")
+    p.add_argument("--part", choices=("step", "compile", "mainjob", "precision", "encode"), default="step")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
@@ -322,7 +340,8 @@ def main() -> None:
     if a.tiny:
         a.rounds, a.steps, a.batch, a.text_batch, a.seeds = 1, 1, 16, 4, 1
         a.extra = [*a.extra, "train.max_steps=3", "data.synthetic.num_train=256", "data.synthetic.num_val=64"]
-    result = {"step": part_step, "compile": part_compile, "mainjob": part_mainjob, "encode": part_encode}[a.part](a)
+    result = {"step": part_step, "compile": part_compile, "mainjob": part_mainjob, "precision": part_precision,
+              "encode": part_encode}[a.part](a)
     out = Path(a.out) if a.out else RESULTS_DIR / f"levers_{a.part}{'_tiny' if a.tiny else ''}.json"
     write_json(out, {"machine": machine_info(a.threads), "args": vars(a), "result": result})
     print(f"results: {out}")

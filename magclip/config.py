@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import signal
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,7 +42,8 @@ RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
     "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
-    "train.compile", "train.compile_mode", "train.report_to", "loss.logit_scale_from_norms",
+    "train.compile", "train.compile_mode", "train.report_to", "train.save_on_signal", "train.time_limit",
+    "loss.logit_scale_from_norms",
 )
 RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
@@ -148,6 +151,10 @@ class TrainConfig:
                                       # this process may use minus its loader workers (training/threads.py)
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # trackers beside metrics.jsonl
                                       # (TRACKERS; "wandb,mlflow" or a list; none / [] = metrics.jsonl only)
+    save_on_signal: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])  # save the step reached,
+                                      # exit 75 (training/preemption.py); none / [] = the signals' default action
+    time_limit: str | float | None = None  # "3h50m", "90m", "1:30:00", seconds: save and exit 75 before it (from the
+                                      # process's start; SLURM_JOB_END_TIME is used too where it is set)
 
 
 @dataclass
@@ -451,6 +458,11 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError(f"train.optimizer_impl={train.optimizer_impl!r}; allowed: {', '.join(OPTIMIZER_IMPLS)}")
     if train.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode={train.compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
+    try:
+        signal_numbers(train.save_on_signal)
+        parse_duration(train.time_limit)
+    except ValueError as exn:
+        raise ConfigError(str(exn)) from None
     unknown = [n for n in train.report_to if n not in (*TRACKERS, "none")]
     if unknown or ("none" in train.report_to and len(train.report_to) > 1):
         what = f"unknown tracker {unknown[0]!r}" if unknown else "'none' goes alone"
@@ -479,6 +491,47 @@ def _check_train(train: TrainConfig) -> None:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if train.resume not in (None, *RESUME_WORDS) and not Path(train.resume).exists():
         raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest', 'auto' or a path)")
+
+
+def signal_numbers(names: list[str]) -> list[signal.Signals]:
+    """`train.save_on_signal` as signals ("SIGTERM", "TERM", "usr1"; "none" alone: no signal); ValueError
+    naming one a process cannot catch."""
+    if [n.strip().lower() for n in names] == ["none"]:
+        return []
+    out = []
+    for name in names:
+        key = name.strip().upper()
+        key = key if key.startswith("SIG") else f"SIG{key}"
+        if key in ("SIGKILL", "SIGSTOP") or key not in signal.Signals.__members__:
+            raise ValueError(f"train.save_on_signal: {name!r} is not a signal a process can catch "
+                             "(e.g. SIGTERM, SIGUSR1, SIGINT; none turns it off)")
+        out.append(signal.Signals[key])
+    return out
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def parse_duration(text: str | float | None) -> float | None:
+    """`train.time_limit` in seconds: "3h50m", "90m", "45s", "1:30:00" (h:m:s), "5400"; None: no limit."""
+    if text is None:
+        return None
+    value = str(text).strip().lower()
+    match = _DURATION.match(value)
+    try:
+        if ":" in value and len(value.split(":")) <= 3:
+            seconds = sum(float(p) * 60 ** i for i, p in enumerate(reversed(value.split(":"))))
+        elif match is None or not value:
+            seconds = float(value)
+        else:
+            h, m, s = (float(x) if x else 0.0 for x in match.groups())
+            seconds = h * 3600 + m * 60 + s
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(f"train.time_limit={text!r}: write a positive duration such as 3h50m, 90m, 45s, 1:30:00 "
+                         "or seconds")
+    return seconds
 
 
 def _check_text(cfg: "TextRunConfig") -> None:

@@ -16,6 +16,9 @@ from typing import Any
 DEBUG_FLAG = "--debug"
 BAD_INPUT_EXIT = 2  # like argparse's usage errors
 RUN_FAILED_EXIT = 1
+# where a stopped run says so (a batch script requeues the job when the file exists): torchrun exits 1
+# whatever its processes' code, so their STOPPED_EXIT does not reach the script (configs/slurm/)
+STOPPED_FILE_ENV = "MAGCLIP_STOPPED_FILE"
 
 
 def check_paths(args, *flags: str) -> None:
@@ -107,11 +110,36 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
         try:
             main()
         except Exception as exn:
+            if _stopped(exn):
+                return
             code = _expected(exn)
             if code is None or debug:
                 raise
             _fail(code, f"error: {_where()}{exn} ({type(exn).__name__}; {DEBUG_FLAG} shows the traceback)")
     return run
+
+
+def _stopped(exn: BaseException) -> bool:
+    """A run stopped on a signal or its time limit (training/preemption.py): every rank stopped at the same
+    step and exits with STOPPED_EXIT at once (a scheduler's kill may follow soon); the first process of
+    each node says where the run was saved."""
+    if "magclip.training.preemption" not in sys.modules:
+        return False
+    from magclip.training.preemption import STOPPED_EXIT, TrainingStopped
+
+    if not isinstance(exn, TrainingStopped):
+        return False
+    if _reports_errors():
+        print(f"{_where()}{exn}", file=sys.stderr)
+        marker = os.environ.get(STOPPED_FILE_ENV)
+        if marker:  # a launcher (torchrun) hides the exit code: a batch script reads this file instead
+            try:
+                Path(marker).write_text(f"{exn}\n")
+            except OSError as err:
+                print(f"could not write {STOPPED_FILE_ENV}={marker}: {err}", file=sys.stderr)
+    if _in_process_group():
+        _exit_now(STOPPED_EXIT)
+    raise SystemExit(STOPPED_EXIT) from None
 
 
 REPORT_GRACE_S = 10.0  # how long a silent process waits for its node's first process to say why
@@ -143,12 +171,13 @@ def _wait_for_the_reporting_process(code: int) -> None:
 
 
 def _in_process_group() -> bool:
-    """A process group is up (never imports torch for a command that did not)."""
-    if "torch.distributed" not in sys.modules:
+    """A process group is up. Never imports anything: a stop signal can interrupt the command inside
+    `import torch`, and importing the half-initialised package again would fail on its own."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except AttributeError:  # torch.distributed only half imported: no group can be up yet
         return False
-    from magclip.distributed import is_distributed
-
-    return is_distributed()
 
 
 def _exit_now(code: int) -> None:

@@ -35,7 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, args.overrides)
     check_inputs(cfg)  # bad input is reported before torch is imported
+    from magclip.training.preemption import StopGuard
 
+    # listening before torch loads: a stop signal during the imports ends the command with exit 75 too
+    with StopGuard(cfg.train.save_on_signal, cfg.train.time_limit):
+        _train_clip(cfg)
+
+
+def _train_clip(cfg) -> None:
     from magclip.distributed import rank
     from magclip.training.clip import format_results_table, train_clip
 

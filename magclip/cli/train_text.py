@@ -86,7 +86,14 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
         return
     cfg = load_text_config(args.config, args.overrides)
     check_inputs(cfg)  # bad input is reported before torch is imported
+    from magclip.training.preemption import StopGuard
 
+    # listening before torch loads: a stop signal during the imports ends the command with exit 75 too
+    with StopGuard(cfg.train.save_on_signal, cfg.train.time_limit):
+        _train_text(cfg)
+
+
+def _train_text(cfg) -> None:
     from magclip.distributed import rank
     from magclip.training.text import format_train_table, train_text
 

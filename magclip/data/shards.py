@@ -38,6 +38,7 @@ import logging
 import math
 import random
 import re
+import signal
 import tarfile
 import warnings
 from collections import Counter
@@ -203,6 +204,15 @@ def _parse_weights(weights: str | list[float] | None, n_sources: int) -> list[fl
     if any(w < 0 for w in ws) or sum(ws) <= 0:
         raise ValueError(f"weights must be >= 0 and not all 0, got {ws}")
     return ws
+
+
+def leave_signals_to_the_trainer(worker_id: int) -> None:
+    """A loader worker ignores the signals that stop a run (SIGTERM, SIGUSR1, SIGINT): a scheduler sends
+    them to every process of a job, and a worker killed by one would fail the training process's next
+    batch before it could save (training/preemption.py); the trainer ends its workers itself, and a
+    worker whose trainer is gone exits on its own (torch's watchdog)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _seed(*parts: object) -> str:
@@ -529,7 +539,8 @@ class ShardLoader:
         gen = torch.Generator().manual_seed(
             random.Random(_seed(self.seed, self.epoch, s.rank, "torch")).getrandbits(62))
         loader = DataLoader(s, batch_size=None, num_workers=self.workers, generator=gen,
-                            pin_memory=torch.cuda.is_available(), persistent_workers=False)
+                            pin_memory=torch.cuda.is_available(), persistent_workers=False,
+                            worker_init_fn=leave_signals_to_the_trainer)
         n = 0
         carry: Counter[str] = Counter()  # skips a worker reported after its last batch
         for item in loader:

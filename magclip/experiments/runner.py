@@ -18,6 +18,7 @@ from typing import Any
 
 from magclip.experiments.grid import Cell, Grid
 from magclip.io import atomic_write_json
+from magclip.training.preemption import STOPPED_EXIT
 
 # ----------------------------------------------------------------------------- running
 
@@ -64,15 +65,22 @@ def ran_log(output_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _stop(proc: subprocess.Popen) -> None:
+STOP_GRACE_S = 300.0   # how long a cell may take to save its step after the runner's SIGTERM
+
+
+def _stop(proc: subprocess.Popen) -> int | None:
+    """SIGTERM the cell and wait for it: a trainer finishes its step, saves it and exits 75 (a text
+    run's evaluation in progress finishes first); the next invocation continues it from that checkpoint."""
     proc.terminate()
     try:
-        proc.wait(timeout=30)
+        return proc.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         proc.kill()
+        return None
 
 
-def _run_command(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
+def _run_command(argv: list[str], log_path: Path, env: dict[str, str],
+                 interrupted: Callable[[int | None], None]) -> int:
     if argv and argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +94,7 @@ def _run_command(argv: list[str], log_path: Path, env: dict[str, str]) -> int:
         try:
             return proc.wait()
         except BaseException:              # Ctrl-C / SIGTERM of the runner: don't leave the cell running
-            _stop(proc)
+            interrupted(_stop(proc))       # (a trainer saves its step: 75)
             raise
         finally:
             with _LOCK:
@@ -110,7 +118,8 @@ def _run_cell(grid: Grid, cell: Cell, i: int, n: int, echo: Callable[[str], None
         atomic_write_json(cell.spec_path, cell.spec())
         say(f"[{i}/{n}] {cell.name}: {shlex.join(argv)}")
         _log_event(grid, event="start", cell=cell.name, command=argv)
-        rc = _run_command(argv, cell.log_path, grid.env)
+        rc = _run_command(argv, cell.log_path, grid.env, lambda code: _log_event(
+            grid, event="end", cell=cell.name, rc=code, wall_s=round(time.perf_counter() - t0, 2), interrupted=True))
         _log_event(grid, event="end", cell=cell.name, rc=rc, wall_s=round(time.perf_counter() - t0, 2))
         if rc == 0 and not cell.step_done(step):
             say(f"  step exited 0 but did not write {cell.path(step.creates)}")
@@ -120,6 +129,8 @@ def _run_cell(grid: Grid, cell: Cell, i: int, n: int, echo: Callable[[str], None
     wall = time.perf_counter() - t0
     if rc == 0:
         say(f"[{i}/{n}] {cell.name}: done in {wall:.1f} s")
+    elif rc == STOPPED_EXIT:
+        say(f"[{i}/{n}] {cell.name}: stopped after {wall:.1f} s, its step saved; the next invocation continues it")
     else:
         say(f"[{i}/{n}] {cell.name}: FAILED (exit {rc}) after {wall:.1f} s; log: {cell.log_path}")
     return rc == 0

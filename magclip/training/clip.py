@@ -31,11 +31,14 @@ from magclip.temperature import (
     match_cosine_temperature,
     starts_from_norms,
 )
-from magclip.training.engine import Engine, TrainModule, make_accelerator
+from magclip.training.accelerator import make_accelerator
+from magclip.training.engine import Engine, TrainModule
+from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
     loop_record,
     prepare_run_dir,
+    stoppable,
     write_results,
     write_run_config,
 )
@@ -133,8 +136,14 @@ def resolve_data(cfg: RunConfig) -> tuple[str, str | None]:
 
 
 def train_clip(cfg: RunConfig) -> dict[str, Any]:
-    """Train a CLIP model as configured; returns (and writes) the run's results."""
+    """Train a CLIP model as configured; returns (and writes) the run's results. A signal of
+    train.save_on_signal or train.time_limit ends it early with TrainingStopped (training/preemption.py)."""
     t0 = time.perf_counter()
+    with stoppable(cfg) as stop:
+        return _train_clip(cfg, t0, stop)
+
+
+def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     use_threads(cfg.train.threads, cfg.data.workers)
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     run_dir = prepare_run_dir(cfg, accelerator)
@@ -191,7 +200,7 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
-                    run_config=to_dict(cfg), started=t0)
+                    run_config=to_dict(cfg), started=t0, stop=stop)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

@@ -19,7 +19,8 @@ parameters after a step) and a loader factory. The engine owns what every contra
 - checkpoints (latest + every N) with optimizer, scheduler, RNG, data position and the recent-loss
   window, so `resume=latest` continues exactly; the files are `Checkpointer`'s (training/checkpoints.py);
 - log records (metrics.jsonl + tensorboard, `MetricsLog` in training/metrics_log.py) and tqdm on the
-  main process only.
+  main process only; a resume takes back the records logged after its checkpoint;
+- stop requests (a signal, the time limit: `StopGuard`, training/preemption.py) at step boundaries.
 
 The data loader is *not* passed through `accelerator.prepare`: webdataset loaders already shard
 by rank, and accelerate would re-dispatch batches from rank 0.
@@ -30,41 +31,38 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import time
 from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
 from torch import nn
 from tqdm.auto import tqdm
 
 from magclip.config import TrainConfig
-from magclip.distributed import naming_lost_ranks
-from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
+from magclip.distributed import gather_objects, naming_lost_ranks
 from magclip.training.checkpoints import (
     CHECKPOINTS_DIR,
+    Checkpointer,
     CheckpointWriteError,
     RunWriteError,
-    Checkpointer,
     get_rng_state,
     resolve_resume,
     set_rng_state,
     tidy_interrupted_writes,
 )
-from magclip.training.metrics_log import MetricsLog
+from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
+from magclip.training.metrics_log import MetricsLog, ResumePoint
+from magclip.training.preemption import StopGuard, state_bytes
 
-__all__ = ["CheckpointWriteError", "Engine", "RunWriteError", "LoopState", "NonFiniteLossError", "TrainModule", "make_accelerator"]
+__all__ = ["CheckpointWriteError", "Engine", "RunWriteError", "LoopState", "NonFiniteLossError", "TrainModule"]
 
 log = logging.getLogger("magclip.training.engine")
 
-MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 SHORTFALL = "epoch_shortfall_micro_batches"  # micro-batches an epoch lacked: no usable data was left
 RECENT_LOSS_STEPS = 20  # results.json's train_loss_recent: mean loss over the last this many steps
 
@@ -158,27 +156,6 @@ class LoopState:
     wall_before_s: float = 0.0       # wall time of the earlier processes of a resumed run, to its checkpoint
 
 
-def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
-    """accelerate joins the process group that torchrun / `accelerate launch` set up (gloo on CPU, NCCL
-    on GPUs). `train.collective_timeout_s` bounds every collective: a rank whose peer is lost (killed,
-    frozen, cut off) fails after at most that long instead of waiting forever; see
-    magclip.distributed for how the failure names the lost rank. It must exceed the longest time
-    one rank may wait for the others legitimately (main-process evaluation and checkpoints)."""
-    env = os.environ
-    if "ACCELERATE_USE_CPU" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env:
-        # accelerate's simple launcher (`accelerate launch --cpu`, or a config without a multi-process
-        # type) sets MASTER_ADDR only when asked for several processes or machines, and then starts
-        # one process per machine that would train alone
-        raise ValueError("`accelerate launch` started a single process although several processes or machines "
-                         "were asked for: its --cpu launcher starts one process per machine, each training alone. "
-                         "On CPUs use `accelerate launch --multi_gpu ...` (it runs torchrun; gloo, see "
-                         "configs/accelerate/multi_node_cpu.yaml) or torchrun")
-    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
-    precision, _ = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    return Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
-                       cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
-
-
 def cosine_with_warmup(warmup: int, total: int) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < warmup:
@@ -196,7 +173,8 @@ class Engine:
                  save_model: Callable[[nn.Module, Path], None],  # (module, step folder): writes the model
                  evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
                  run_config: dict[str, Any] | None = None,  # the resolved config, kept in each checkpoint
-                 started: float | None = None):  # time.perf_counter() when the process began the run
+                 started: float | None = None,  # time.perf_counter() when the process began the run
+                 stop: StopGuard | None = None):  # signals and time limit (training/preemption.py)
         self.cfg = cfg
         self._started = time.perf_counter() if started is None else started
         self.acc = accelerator
@@ -210,6 +188,7 @@ class Engine:
             raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
         self.evaluate = evaluate
+        self.stop = stop or StopGuard([], cfg.time_limit)
         self.levers = self._apply_levers(module)
         groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
         impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
@@ -230,6 +209,8 @@ class Engine:
         self.ckpt_dir = run_dir / CHECKPOINTS_DIR
         self.checkpointer = Checkpointer(self.ckpt_dir, save_model, run_config)
         self.metrics = MetricsLog(run_dir, accelerator.is_main_process, cfg.report_to, run_config)  # train.report_to
+        self._resumed: ResumePoint | None = None
+        self._saved_step: int | None = None
         self._log_norms: list[torch.Tensor] | None = None  # mean feature norms of a logged step (0-d tensors)
 
     @property
@@ -269,14 +250,16 @@ class Engine:
             start = resolve_resume(self.cfg.resume, self.ckpt_dir)
             if start is not None:  # None: 'auto' found no checkpoint
                 self.load_checkpoint(start)
-        self.metrics.open()
+        self.metrics.open(self._resumed)
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not self.acc.is_main_process,
                    desc="train", dynamic_ncols=True)
+        self.stop.start_loop(self.acc.num_processes)
         try:  # closed on any way out: a fatal error's one line must not land on the bar's line
             self._loop(bar)
         finally:
             bar.close()
         self.save_checkpoint()
+        self.stop.end_loop()
         return self.state
 
     def _loop(self, bar: tqdm) -> None:
@@ -295,6 +278,10 @@ class Engine:
                 self._after_step(out, bar)
                 if self.state.step >= self.total_steps:
                     break
+                if self.stop.should_stop(self.acc.num_processes):   # a signal or the time limit, on any rank
+                    saved = self._saved_step == self.state.step      # a periodic checkpoint of this very step
+                    raise self.stop.stop(self.state.step, str(self.ckpt_dir / f"step_{self.state.step:08d}"
+                                                              if saved else self.save_checkpoint()))
             if fresh_epoch and steps_taken == 0:
                 raise RuntimeError(f"epoch {self.state.epoch} yielded no complete batch: check the training data")
             if self.state.step < self.total_steps or self.state.batches_in_epoch >= limit:
@@ -498,12 +485,8 @@ class Engine:
 
     def _gather_counts(self, counts: Counter) -> list[dict[str, int]]:
         """Every rank's counts, in rank order (they differ: each rank reads its own shards); a collective."""
-        if self.acc.num_processes == 1:
-            return [dict(counts)]
-        gathered: list[Any] = [None] * self.acc.num_processes
         with naming_lost_ranks("the exchange of skipped-sample counts between ranks"):
-            torch.distributed.all_gather_object(gathered, dict(counts))
-        return gathered
+            return gather_objects(dict(counts))
 
     def close(self) -> None:
         self.metrics.close()
@@ -514,9 +497,14 @@ class Engine:
         self._settle_steps()  # the counts it saves are complete
         skips_by_rank = self._gather_counts(self.state.skipped_samples)  # a resume gives each rank its own back
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
+        t0 = time.perf_counter()
         if self.acc.is_main_process:
-            self.checkpointer.save(self.unwrapped, self._training_state(skips_by_rank), self.state.step)
+            state = self._training_state(skips_by_rank)
+            self.stop.set_checkpoint_size(state_bytes(state))
+            self.checkpointer.save(self.unwrapped, state, self.state.step)
         self.acc.wait_for_everyone()
+        self.stop.checkpoint_took(time.perf_counter() - t0)
+        self._saved_step = self.state.step
         return final
 
     def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None) -> dict[str, Any]:
@@ -529,7 +517,7 @@ class Engine:
                      "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples),
                      "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)],
                      "recent_losses": [float(x) for x in self._recent_losses],  # train_loss_recent after a resume
-                     "wall_s": self.wall_time_s()},
+                     "wall_s": self.wall_time_s(), "metrics_lines": self.metrics.lines},
             "rng": get_rng_state(),
         }
 
@@ -549,6 +537,7 @@ class Engine:
         self._recent_losses.clear()
         self._recent_losses.extend(torch.tensor(x, device=self.acc.device) for x in loop.get("recent_losses", []))
         set_rng_state(state["rng"])
+        self._resumed = ResumePoint(self.state.step, loop.get("metrics_lines"))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
                  self.state.batches_in_epoch)
 
@@ -564,10 +553,7 @@ class Engine:
 
 
 def _sum_counts(counts: Iterable[dict[str, int]]) -> Counter:
-    total: Counter = Counter()
-    for c in counts:
-        total.update(c)
-    return total
+    return sum((Counter(c) for c in counts), Counter())
 
 
 def _batch_size(batch: dict) -> int:

@@ -15,7 +15,10 @@ import logging
 import os
 import shutil
 import socket
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ from magclip.training.checkpoints import (
     tidy_interrupted_writes,
 )
 from magclip.training.engine import Engine, LoopState
+from magclip.training.preemption import StopGuard, TrainingStopped
 
 LOCK_FILE = ".magclip.lock"  # "pid host" of the process that trains into the folder
 HOST_KEYS = ("train.threads",)  # may differ between ranks: each host's own cores
@@ -164,6 +168,30 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextmanager
+def stoppable(cfg: Any) -> Iterator[StopGuard]:
+    """The run's StopGuard (train.save_on_signal, train.time_limit: training/preemption.py), listening from
+    the task's first line to its last; a run it stops leaves its folder unclaimed. Signal handlers exist
+    in the main thread only: a run started in another thread keeps only the time limit."""
+    guard = StopGuard.active()   # the command's, listening since before torch loaded
+    own = guard is None
+    if own:
+        guard = StopGuard(cfg.train.save_on_signal, cfg.train.time_limit)
+        if threading.current_thread() is threading.main_thread():
+            guard.install()
+        elif guard.signals:
+            log.info("train.save_on_signal: not in the main thread, the signals keep their default action")
+    try:
+        yield guard
+    except TrainingStopped:
+        if _holder(cfg.run_dir) == (os.getpid(), socket.gethostname()):
+            (cfg.run_dir / LOCK_FILE).unlink(missing_ok=True)
+        raise
+    finally:
+        if own:
+            guard.restore()
 
 
 def write_run_config(cfg: Any, run_dir: Path, accelerator: Accelerator) -> None:

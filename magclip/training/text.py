@@ -33,12 +33,15 @@ from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, 
 from magclip.models.text import BiEncoder
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
-from magclip.training.engine import Engine, TrainModule, make_accelerator
+from magclip.training.accelerator import make_accelerator
+from magclip.training.engine import Engine, TrainModule
 from magclip.training.levers import evaluation_autocast
+from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
     loop_record,
     prepare_run_dir,
+    stoppable,
     write_results,
     write_run_config,
 )
@@ -114,9 +117,14 @@ def training_passage_tokens(cfg: TextDataConfig, encoder: BiEncoder) -> int | tu
 
 
 def train_text(cfg: TextRunConfig) -> dict[str, Any]:
-    """Fine-tune a bi-encoder as configured; returns (and writes) the run's results."""
-
+    """Fine-tune a bi-encoder as configured; returns (and writes) the run's results. A signal of
+    train.save_on_signal or train.time_limit ends it early with TrainingStopped (training/preemption.py)."""
     t0 = time.perf_counter()
+    with stoppable(cfg) as stop:
+        return _train_text(cfg, t0, stop)
+
+
+def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     use_threads(cfg.train.threads, loader_workers=0)  # the text loader runs in the training process
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     torch.manual_seed(cfg.train.seed)
@@ -175,7 +183,7 @@ def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
-                    run_config=to_dict(cfg), started=t0)
+                    run_config=to_dict(cfg), started=t0, stop=stop)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

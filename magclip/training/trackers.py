@@ -14,6 +14,7 @@ step (the user asked for it, and can fix it now rather than after a long run).
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from magclip.config import ConfigError
+from magclip.io import atomic_write_json
 
 log = logging.getLogger("magclip.training.trackers")
 
@@ -80,27 +82,33 @@ class Trackers:
         self._renamed: set[tuple[str, str]] = set()
 
     @classmethod
-    def start(cls, report_to: Iterable[str], run_dir: Path, config: dict[str, Any]) -> Trackers:
-        """Start every tracker `report_to` names with `config` (flat: {"train.lr": ...}) as its parameters.
-        A tracker that cannot start is a ConfigError naming it; the ones already started are finished."""
+    def start(cls, report_to: Iterable[str], run_dir: Path, config: dict[str, Any], resume: bool = False) -> Trackers:
+        """Start every tracker `report_to` names with `config` (flat: {"train.lr": ...}) as its parameters;
+        with `resume`, continue the runs recorded in RUN/trackers.json (RESUMABLE). A tracker that cannot
+        start is a ConfigError naming it; the ones already started are finished."""
         from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
         trackers = cls()
+        ids = _read_ids(run_dir) if resume else {}
         for name in tracker_names(report_to):
             tracker_class = LOGGER_TYPE_TO_CLASS[name]
             project = os.environ.get(PROJECT_ENV.get(name, ""), PROJECT)
-            kwargs = _init_kwargs(name, run_dir)
+            continued = _resume_kwargs(name, ids.get(name))
+            kwargs = {**_init_kwargs(name, run_dir), **continued}
             try:
                 tracker = (tracker_class(project, str(run_dir), **kwargs)
                            if tracker_class.requires_logging_directory else tracker_class(project, **kwargs))
                 tracker.start()
                 trackers._live[name] = tracker
-                tracker.store_init_configuration(trackers._keyed(name, config))
+                if not continued:  # a continued run holds its parameters (mlflow refuses to change one)
+                    tracker.store_init_configuration(trackers._keyed(name, config))
             except Exception as exn:
                 trackers.finish()
                 raise ConfigError(f"train.report_to: the {name} tracker could not start: "
                                   f"{type(exn).__name__}: {exn}") from exn
-            log.info("tracker %s: project %s, run %s", name, project, run_dir.name)
+            log.info("tracker %s: project %s, run %s%s", name, project, run_dir.name,
+                     f" (continued: {ids[name]})" if ids.get(name) and name in RESUMABLE else "")
+        _write_ids(run_dir, {**ids, **{n: i for n, t in trackers._live.items() if (i := _run_id(n, t))}})
         return trackers
 
     @property
@@ -155,3 +163,48 @@ def _init_kwargs(name: str, run_dir: Path) -> dict[str, Any]:
         return {"run_name": run_dir.name}
     return {}
 
+
+
+# ---------------------------------------------------------------------------- continuing a tracker's run
+# A resumed run (a requeued job) logs into the tracker run it started, where the tracker allows it:
+# wandb (`id` + resume="allow"; its steps must increase, so the steps between the checkpoint and the
+# kill keep the values first logged, and the re-run values of those steps are dropped by wandb) and
+# mlflow (the run id; a metric's history then holds both values of a re-run step). Others start a new
+# run on every resume (README). metrics.jsonl and tensorboard hold each step once in every case.
+RESUMABLE = ("wandb", "mlflow")
+IDS_FILE = "trackers.json"
+
+
+def _run_id(name: str, tracker: Any) -> str | None:
+    """The id of the run a started tracker logs into, for the trackers a resume can continue."""
+    try:
+        if name == "wandb":
+            return tracker.run.id
+        if name == "mlflow":
+            return tracker.active_run.info.run_id
+    except AttributeError:
+        return None
+    return None
+
+
+def _resume_kwargs(name: str, run_id: str | None) -> dict[str, Any]:
+    if run_id is None:
+        return {}
+    if name == "wandb":
+        return {"id": run_id, "resume": "allow"}
+    if name == "mlflow":
+        return {"run_id": run_id}
+    return {}
+
+
+def _read_ids(run_dir: Path) -> dict[str, str]:
+    try:
+        ids = json.loads((run_dir / IDS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in ids.items() if isinstance(v, str)} if isinstance(ids, dict) else {}
+
+
+def _write_ids(run_dir: Path, ids: dict[str, str]) -> None:
+    if ids:
+        atomic_write_json(run_dir / IDS_FILE, ids)

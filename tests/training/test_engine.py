@@ -11,7 +11,8 @@ import torch
 
 from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
 from magclip.config import LossConfig, TrainConfig
-from magclip.training.engine import Engine, make_accelerator
+from magclip.training.accelerator import make_accelerator
+from magclip.training.engine import Engine
 from magclip.models.clip import create_clip
 from builders import free_port
 

@@ -15,7 +15,8 @@ from magclip.config import LossConfig, TrainConfig
 from magclip.models.clip import create_clip
 from magclip.training import levers
 from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
-from magclip.training.engine import Engine, make_accelerator
+from magclip.training.accelerator import make_accelerator
+from magclip.training.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

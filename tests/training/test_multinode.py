@@ -403,7 +403,7 @@ def test_accelerate_cpu_launcher_asked_for_several_processes_is_refused(tmp_path
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     from magclip.config import TrainConfig
-    from magclip.training.engine import make_accelerator
+    from magclip.training.accelerator import make_accelerator
 
     for flags in (["--num_processes", "2"], ["--num_machines", "2", "--machine_rank", "1",
                                              "--main_process_ip", "10.231.0.1", "--main_process_port", "29400"]):

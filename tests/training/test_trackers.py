@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from magclip.config import TRACKERS, ConfigError, flatten, load_config, load_text_config, experiment_differences, to_dict
+from magclip.config import TRACKERS, ConfigError, experiment_differences, flatten, load_config, load_text_config, to_dict
 from magclip.training.clip import train_clip
 from magclip.training.metrics_log import MetricsLog
 from magclip.training.trackers import EXTRAS
-from builders import ROOT, tiny_run
+from builders import ROOT, copy_run_at, tiny_run
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               # mlflow's SQL store on SQLAlchemy 2.1 (not magclip's to fix)
@@ -224,3 +224,39 @@ def test_a_tracker_that_cannot_start_is_an_error_naming_it(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"train\.report_to: the mlflow tracker could not start: "):
         log.open()
     log.close()
+
+
+def test_a_resumed_run_continues_its_mlflow_run_and_logs_each_step_once(tmp_path, synthetic, monkeypatch):
+    """A run killed after its step-2 checkpoint (its records of steps 3-4 and the final validation already
+    written) and resumed: metrics.jsonl holds each record once (the taken-back ones kept in
+    metrics.superseded.jsonl), tensorboard's reader each step once, and mlflow has one run, continued."""
+    pytest.importorskip("mlflow", reason=MLFLOW_EXTRA)
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    for name in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_TAGS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    args = tiny_run(tmp_path / "runs", synthetic, "whole", "train.report_to=tensorboard,mlflow", "train.max_steps=4",
+                    "train.checkpoint_every=2", train=256, epochs=1)
+    whole = train_clip(load_config(None, args))
+    killed = copy_run_at(Path(whole["run_dir"]), tmp_path / "runs" / "killed", "step_00000002")
+    before = (killed / "metrics.jsonl").read_text().splitlines()
+    resumed = train_clip(load_config(None, [*args, "name=killed", "train.resume=latest"]))
+    assert resumed["weights_sha256_by_rank"] == whole["weights_sha256_by_rank"]
+    records = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    assert sum("val/image_to_text_R@1" in r for r in records) == 1
+    superseded = (killed / "metrics.superseded.jsonl").read_text().splitlines()
+    assert json.loads(superseded[0]) == {"superseded_at_resume_from_step": 2, "lines": len(superseded) - 1}
+    assert superseded[1:] == before[2:]        # the records of steps 3, 4 and the validation, as first written
+    acc = EventAccumulator(str(killed / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("magclip").experiment_id])
+    ids = json.loads((killed / "trackers.json").read_text())  # the copied folder names the run it was in
+    assert len(runs) == 1 and runs[0].info.run_id == ids["mlflow"] and runs[0].info.status == "FINISHED"
+    # mlflow has no purge: a step taken again is in its history twice (README, the failure table)
+    assert [m.step for m in client.get_metric_history(ids["mlflow"], "loss")] == [1, 2, 3, 4, 3, 4]
