@@ -131,7 +131,9 @@ class TrainConfig:
     beta2: float = 0.98
     eps: float = 1e-6
     warmup_steps: int = 50
-    precision: str = "fp32"           # fp32 / bf16 / fp16 / auto (bf16 where native: magclip.training.levers)
+    precision: str = "auto"           # auto: bf16 where the device computes it natively (a GPU with bf16, a CPU
+                                      # with AVX512-BF16 or AMX), fp32 elsewhere (magclip.training.levers);
+                                      # fp32 / bf16 / fp16 as asked. Evaluations keep eval.precision
     optimizer_impl: str = "auto"      # AdamW kernel: auto (fused where torch has it) / fused / foreach / for_loop
     channels_last: bool = True        # conv towers in channels_last memory (ignored, with a log line, without convs)
     compile: bool = False             # torch.compile the towers (a cold compile costs minutes on a CPU)
@@ -180,6 +182,12 @@ class RunFolder:
 
 
 @dataclass
+class ClipEvalConfig:
+    precision: str = "fp32"           # encoding precision of the run's validation and eval_sets, whatever
+                                      # train.precision is, so R@1 compares across machines: fp32 / bf16 / auto
+
+
+@dataclass
 class RunConfig(RunFolder):
     """A CLIP run (train/clip.py). The defaults are the main job: no config file is needed."""
 
@@ -188,6 +196,7 @@ class RunConfig(RunFolder):
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: ClipTrainConfig = field(default_factory=ClipTrainConfig)
+    eval: ClipEvalConfig = field(default_factory=ClipEvalConfig)
 
 
 # ---------------------------------------------------------------------------- text retrieval runs
@@ -282,7 +291,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
-def load_text_config(path: str | Path | None = None, overrides: list[str] | None = None) -> "TextRunConfig":
+def load_text_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TextRunConfig:
     """`load_config` with the text run schema (train/text.py)."""
     return load_config(path, overrides, schema=TextRunConfig)
 
@@ -404,6 +413,7 @@ def validate(cfg: Any) -> None:
     checks; each adds its own."""
     if isinstance(cfg, RunConfig):
         _check_clip_loss(cfg.loss)
+        _check_eval_precision(cfg.eval.precision)
     elif isinstance(cfg, TextRunConfig):
         _check_text(cfg)
     else:
@@ -534,7 +544,12 @@ def parse_duration(text: str | float | None) -> float | None:
     return seconds
 
 
-def _check_text(cfg: "TextRunConfig") -> None:
+def _check_eval_precision(precision: str) -> None:
+    if precision not in EVAL_PRECISIONS:
+        raise ConfigError(f"eval.precision={precision!r}; allowed: {', '.join(EVAL_PRECISIONS)}")
+
+
+def _check_text(cfg: TextRunConfig) -> None:
     _check_mode("loss.mode", cfg.loss.mode)
     _check_exponents(cfg.loss, [cfg.loss.mode])
     if cfg.model.pooling is not None and cfg.model.pooling not in POOLINGS:
@@ -543,8 +558,7 @@ def _check_text(cfg: "TextRunConfig") -> None:
         raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
     if cfg.eval.identical_ids not in IDENTICAL_ID_RULES:
         raise ConfigError(f"eval.identical_ids={cfg.eval.identical_ids!r}; allowed: {', '.join(IDENTICAL_ID_RULES)}")
-    if cfg.eval.precision not in EVAL_PRECISIONS:
-        raise ConfigError(f"eval.precision={cfg.eval.precision!r}; allowed: {', '.join(EVAL_PRECISIONS)}")
+    _check_eval_precision(cfg.eval.precision)
     if cfg.eval.backend not in ("auto", "torch", "faiss"):
         raise ConfigError(f"eval.backend={cfg.eval.backend!r}; allowed: auto, torch, faiss")
     for key, value in {"data.group_size": cfg.data.group_size, "eval.batch_size": cfg.eval.batch_size}.items():

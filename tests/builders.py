@@ -173,3 +173,24 @@ def write_toy_qa(folder: Path, rows: list[dict]) -> Path:
             answer = r["positive"].split()[-1]
             f.write(json.dumps({"id": f"x{i}", "question": r["query"], "answers": [answer], "passage_id": f"p{i}"}) + "\n")
     return qa
+
+
+def toy_text_grid(folder: Path, name: str, axes: dict, *, columns: list[str], rows_seed: int = 0,
+                  model: str | None = None, baseline: dict | None = None, **overrides) -> Path:
+    """A grid YAML of tiny text runs (the base recipe scifact.yaml on toy pairs, a toy BEIR set and toy
+    STS, 2 steps of batch 4 unless overridden, no evaluation of the start): its path. `model`: the
+    model folder of every cell (default: a tiny BERT built here); an axis may set its own."""
+    rows = toy_rows(24, seed=rows_seed)
+    (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    beir, sts = write_toy_eval(folder, rows[:16])
+    settings = {"model.name": model or str(make_tiny_bert(folder / "bert")), "model.query_max_length": 16,
+                "model.passage_max_length": 24, "data.train": str(folder / "pairs.jsonl"), "data.beir": None,
+                "train.batch_size": 4, "train.max_steps": 2, "train.lr": 1.0e-3, "train.warmup_steps": 0,
+                "eval.length_bins": 0, "eval.at_start": False, "eval.beir": {"toybeir": str(beir)},
+                "eval.sts": {"toysts": str(sts)}, **overrides}
+    spec = {"name": name, "output_dir": str(folder / "runs"), "launcher": "text", "env": {"OMP_NUM_THREADS": "1"},
+            "base": "configs/text/scifact.yaml", "overrides": settings, "axes": axes, "scale": 100,
+            "columns": columns, **({"baseline": baseline} if baseline else {})}
+    path = folder / "grid.yaml"
+    path.write_text(json.dumps(spec))    # JSON is YAML
+    return path

@@ -19,7 +19,8 @@ the run is let finish. Then the checks of the preemption issue, as a JSON report
   steps_rerun_after of the attempts);
 - metrics.jsonl holds each training step once (and each evaluation record once); tensorboard's
   events, read with tensorboard's own reader, hold each step of the loss once;
-- nothing is left behind: no process of the run, no lock, no temporary checkpoint folder.
+- nothing is left behind: no process of the run (none outlives its trainer: a loader worker that
+  does is listed, then killed), no lock, no temporary checkpoint folder.
 
 Exit status 0 when every check holds, 1 otherwise.
 """
@@ -42,6 +43,8 @@ MAIN_JOB = ["train.max_steps=120", "train.checkpoint_every=10"]  # the issue's s
 STOPPED_EXIT = 75
 MIN_DELAY_S = 0.2   # after the command listens (a signal before that has its default action, README)
 LISTEN_TIMEOUT_S = 120
+RUN_TIMEOUT_S = 3600   # one start of the run, on a loaded machine
+LEFTOVER_WAIT_S = 30   # for the output once the trainer has exited
 
 
 def _command(out: Path, name: str, extra: list[str]) -> list[str]:
@@ -58,6 +61,19 @@ def run_unbroken(out: Path, extra: list[str], threads: int = 1) -> tuple[dict[st
     t0 = time.perf_counter()
     subprocess.run(_command(out, "unbroken", extra), env=_env(threads), check=True, capture_output=True, text=True)
     return json.loads((out / "unbroken" / "results.json").read_text()), time.perf_counter() - t0
+
+
+def _output_and_leftovers(proc: subprocess.Popen) -> tuple[str, list[str]]:
+    """The exited trainer's output, and the processes of its session that outlived it (a loader worker
+    holding its stdout open): those are listed, then killed, so that the soak goes on and fails."""
+    try:
+        return proc.communicate(timeout=LEFTOVER_WAIT_S)[0], []
+    except subprocess.TimeoutExpired:
+        ps = subprocess.run(["ps", "-o", "pid=,comm=", "-s", str(proc.pid)], capture_output=True, text=True,
+                            check=False)
+        outlived = [" ".join(line.split()) for line in ps.stdout.splitlines()]
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate(timeout=LEFTOVER_WAIT_S)[0], outlived
 
 
 def _catches(pid: int, sig: signal.Signals) -> bool:
@@ -120,12 +136,15 @@ def soak(out: Path, extra: list[str], interruptions: int, seed: int = 0, kill_sh
                 proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, sig)      # the trainer itself; its loader workers ignore the stop signals
-        output = proc.communicate(timeout=600)[0]
+        proc.wait(timeout=RUN_TIMEOUT_S)
+        output, outlived = _output_and_leftovers(proc)
         if sig is not None and proc.returncode == 0:
             sig = None                      # it finished before the signal
         stopped_line = next((x for x in output.splitlines() if x.startswith("stopped on")), None)
         attempts.append({"signal": sig.name if sig else None, "delay_s": delay, "exit": proc.returncode,
                          "stopped": stopped_line})
+        if outlived:
+            attempts[-1]["outlived_trainer"] = outlived
         if proc.returncode not in (0, STOPPED_EXIT, -signal.SIGKILL):
             attempts[-1]["output_tail"] = output.splitlines()[-25:]   # what an unexpected exit said
         attempts[-1]["unsaved_steps"] = _unsaved_steps(run_dir)
@@ -188,7 +207,9 @@ def check_run(run_dir: Path, reference: dict[str, Any], attempts: list[dict[str,
         "metrics_steps_once": steps == list(range(1, results["steps"] + 1)),   # a record per step, in order
         "evaluation_records_once": len(evals) == len(set(evals)),
         "tensorboard_steps_once": tb_steps == sorted(set(tb_steps)) and set(tb_steps) == set(steps),
-        "left_behind": leftovers + [f"process {p}" for p in alive],
+        "left_behind": leftovers + [f"process {p}" for p in alive]
+                       + [f"attempt {i}: {p} outlived the trainer" for i, a in enumerate(attempts)
+                          for p in a.get("outlived_trainer", [])],
     }
 
 

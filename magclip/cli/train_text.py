@@ -17,6 +17,8 @@ Training pairs from a BEIR split (JSONL of {query, positive: [..], negatives: [.
         --mine-with minilm --mode cosine --negatives 4 --skip-top 3      # hard negatives retrieved by MiniLM
     python train/text.py --make-pairs runs/squad_train_hn.jsonl --beir ../shared/data/text/squad_train \
         --sample 20000 --mine-with minilm --negatives 3 --skip-top 2     # 20,000 random SQuAD questions
+    python train/text.py --make-pairs runs/squad_train_hn_all.jsonl --beir ../shared/data/text/squad_train \
+        --negatives-from docs/data/squad_train_hn_all.ids.jsonl.gz      # the committed mining, replayed (~1 min)
     python train/text.py --config configs/text/scifact.yaml data.beir=null data.train=runs/scifact_train_hn4.jsonl \
         data.group_size=3
 
@@ -41,7 +43,12 @@ from magclip.config import load_text_config
 def make_pairs(args) -> None:
     if not args.beir:
         raise UsageError("--make-pairs needs --beir FOLDER")
-    if args.mine_with:
+    if args.negatives_from:
+        from magclip.evaluation.mining import pairs_from_negative_ids
+
+        rows = pairs_from_negative_ids(args.beir, args.negatives_from, args.split, min_score=args.min_score,
+                                       out=args.make_pairs)
+    elif args.mine_with:
         import torch
 
         from magclip.evaluation.mining import mine_hard_negatives
@@ -52,6 +59,10 @@ def make_pairs(args) -> None:
                                    min_score=args.min_score, out=args.make_pairs, progress=True,
                                    device="cuda" if torch.cuda.is_available() else "cpu", sample=args.sample,
                                    seed=args.sample_seed)
+        if args.save_ids:
+            from magclip.evaluation.mining import write_negative_ids
+
+            write_negative_ids(rows, args.save_ids)
     else:
         from magclip.data.beir import beir_to_pairs
 
@@ -75,6 +86,10 @@ def main(argv: list[str] | None = None, default_config: str | Path | None = None
     pairs.add_argument("--mode", default="cosine", help="scoring mode for mining (default: %(default)s)")
     pairs.add_argument("--negatives", type=int, default=4, help="mined negatives per query")
     pairs.add_argument("--skip-top", type=int, default=0, help="unjudged top results skipped before mining")
+    pairs.add_argument("--save-ids", metavar="IDS.jsonl.gz", help="also write the mined negatives' ids alone "
+                       "(small enough to commit; --negatives-from rebuilds the pairs from them)")
+    pairs.add_argument("--negatives-from", metavar="IDS.jsonl.gz", help="the negatives a --save-ids file chose, "
+                       "instead of mining again")
     pairs.add_argument("--depth", type=int, default=100, help="search depth for mining")
     pairs.add_argument("--sample", type=int, help="that many queries drawn at random, not all (a split's order "
                                                    "follows its source: its head is a few topics)")

@@ -36,9 +36,11 @@ import io
 import json
 import logging
 import math
+import os
 import random
 import re
 import signal
+import sys
 import tarfile
 import warnings
 from collections import Counter
@@ -209,10 +211,30 @@ def _parse_weights(weights: str | list[float] | None, n_sources: int) -> list[fl
 def leave_signals_to_the_trainer(worker_id: int) -> None:
     """A loader worker ignores the signals that stop a run (SIGTERM, SIGUSR1, SIGINT): a scheduler sends
     them to every process of a job, and a worker killed by one would fail the training process's next
-    batch before it could save (training/preemption.py); the trainer ends its workers itself, and a
-    worker whose trainer is gone exits on its own (torch's watchdog)."""
+    batch before it could save (training/preemption.py); the trainer ends its workers itself. A worker
+    whose trainer dies anyway (SIGKILL, the OOM killer) is killed with it (`die_with_the_parent`)."""
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    die_with_the_parent()
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_the_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it exits (prctl PR_SET_PDEATHSIG).
+    torch's watchdog only notices a lost trainer between batches: a worker blocked on a batch nobody
+    reads waits forever, ignoring the stop signals and holding the trainer's stdout open (seen in the
+    preemption soak). The loader is iterated from the trainer's main thread, so the parent's exit is
+    the trainer's. Elsewhere than Linux: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:     # the trainer died before the request took effect
+        os._exit(1)
 
 
 def _seed(*parts: object) -> str:
@@ -332,7 +354,7 @@ def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, s
 
 def check_sample(sample: dict[str, Any], max_pixels: int,
                  caption: bool = True) -> tuple[dict[str, Any] | None, str, str]:
-    """Validate one grouped sample: ({key, caption, image}, "", "") or (None, reason, detail), the
+    """Validate one grouped sample: ({key, caption, image, meta}, "", "") or (None, reason, detail), the
     one set of sample checks of training and evaluation. `caption=False` (classification only)
     skips the caption checks and gives caption None. Cheap caption checks come before decoding."""
     ext = next((e for e in IMAGE_EXTS if e in sample), None)
@@ -352,7 +374,20 @@ def check_sample(sample: dict[str, Any], max_pixels: int,
     img, reason, detail = load_image(sample[ext], max_pixels)
     if img is None:
         return None, reason, detail
-    return {"key": sample.get("__key__"), "caption": text, "image": img}, "", ""
+    return {"key": sample.get("__key__"), "caption": text, "image": img, "meta": sample_meta(sample)}, "", ""
+
+
+def sample_meta(sample: dict[str, Any]) -> dict[str, Any] | None:
+    """The sample's KEY.json as a dict (img2dataset's metadata, the synthetic scenes' caption_detail and
+    num_objects), None when it has none or it is not a JSON object: optional, so never a reason to skip."""
+    raw = sample.get("json")
+    if raw is None:
+        return None
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips):
@@ -372,6 +407,7 @@ def _collate(samples: list[dict[str, Any]], tokenizer: Callable, skips: _Skips) 
         "texts": tokenizer(captions),
         "keys": [s["key"] for s in samples],
         "captions": captions,
+        "metas": [s["meta"] for s in samples],
         "skipped": skips.take(),
     }
 
@@ -487,9 +523,10 @@ class ShardLoader:
     """Iterable over one rank's batches of one epoch; wraps a DataLoader over a webdataset pipeline.
 
     Each batch: {"images": FloatTensor[B,3,H,W], "texts": LongTensor[B,L], "keys": list[str],
-    "captions": list[str], "skipped": {reason: count since the previous batch}}. `skip_counts`
-    sums every skip of every epoch in this process; it also holds skips that happened after the
-    epoch's last batch, which no batch can carry, so use it (not the per-batch sums) for totals.
+    "captions": list[str], "metas": list[dict | None] (KEY.json), "skipped": {reason: count since the
+    previous batch}}. `skip_counts` sums every skip of every epoch in this process; it also holds skips
+    that happened after the epoch's last batch, which no batch can carry, so use it (not the per-batch
+    sums) for totals.
     """
 
     def __init__(self, stream: _RankStream, *, workers: int, num_samples: int | None, epoch: int,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from magclip.diagnostics.specificity import specificity_metrics
 from magclip.metrics.ranks import RetrievalMetrics, items_digest
 from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
 from magclip.models.clip import RawCLIP
@@ -73,7 +74,17 @@ def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, dev
     metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers)
     metrics.item_digest = items_digest(enc["keys"])
     metrics["skipped_total"] = sum(enc["skipped"].values())
-    return metrics
+    return with_specificity(metrics, enc, scorers)
+
+
+def with_specificity(metrics: RetrievalMetrics, enc: Mapping[str, Any], scorers: Mapping[str, Scorer]
+                     ) -> RetrievalMetrics:
+    """`metrics` with the caption-specificity numbers (magclip.diagnostics.specificity) where the samples'
+    KEY.json give caption_detail (the synthetic scenes do); returns `metrics`."""
+    spec = specificity_metrics(enc["image_features"], enc["text_features"], enc["captions"], enc["keys"],
+                               enc.get("metas") or [None] * len(enc["keys"]), scorers, metrics.ranks)
+    metrics.update(spec)
+    return metrics.with_outcomes(spec)
 
 
 def chance_recall_at_1(ids: Tensor) -> float:

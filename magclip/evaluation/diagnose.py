@@ -20,6 +20,8 @@ from magclip.diagnostics import fisher as fim
 from magclip.diagnostics import magnitude as mag
 from magclip.diagnostics.length import length_report, plot_norm_vs_length
 from magclip.diagnostics.plots import pyplot, save_figure
+from magclip.diagnostics.specificity import DETAIL_BINS
+from magclip.diagnostics.specificity import PREFIX as SPECIFICITY
 from magclip.io import atomic_write_json
 
 log = logging.getLogger("magclip.diagnose")
@@ -152,6 +154,9 @@ def run_clip(args, out: Path) -> dict[str, Any]:
                                                      n_boot=args.n_boot, seed=args.seed)
         res["magnitude"] = summary
         _magnitude_plots(summary, samples, out, f"{model.model_name} ({res['scorers']['i2t']['mode']})", res)
+        specificity = _specificity(enc, n, model.scorers)
+        if specificity:
+            res["specificity"] = specificity
     if not args.skip_fisher:
         images, texts, caps = fim.clip_pairs(urls, model.preprocess, model.tokenizer, args.fisher_pairs or 128)
         res["fisher"] = {}
@@ -162,6 +167,16 @@ def run_clip(args, out: Path) -> dict[str, Any]:
                 block=_block(args.block), logit_scale=spec, dtype=getattr(torch, args.fisher_dtype), rtol=args.rtol,
                 candidates=args.candidates, batchnorm=bn, device=args.device)
     return res
+
+
+def _specificity(enc: dict[str, Any], n: int, scorers) -> dict[str, Any]:
+    """The caption-specificity numbers of the first `n` samples (empty without caption_detail in KEY.json)."""
+    from magclip.evaluation.clip import retrieval_from_features, with_specificity
+
+    first = {name: enc[name][:n] for name in ("image_features", "text_features", "captions", "keys", "metas")}
+    metrics = retrieval_from_features(first["image_features"], first["text_features"], first["captions"], scorers)
+    with_specificity(metrics, first, scorers)
+    return {key[len(SPECIFICITY):]: value for key, value in metrics.items() if key.startswith(SPECIFICITY)}
 
 
 def _take(loader, n: int):
@@ -223,6 +238,20 @@ def format_summary(res: dict[str, Any]) -> str:
             if c and "ci_low" in c:
                 lines.append(f"  Cohen's d, {s['candidates']} norms, relevant to any query vs the rest of the corpus: "
                              f"{c['d']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
+    sp = res.get("specificity")
+    if sp:
+        lines.append(f"  caption specificity ({sp['samples_with_detail']} samples with caption_detail): "
+                     f"Spearman(text norm, detail) {sp['rho_text_norm_detail']:+.3f} "
+                     f"[{sp['rho_text_norm_detail_ci_low']:+.3f}, {sp['rho_text_norm_detail_ci_high']:+.3f}], "
+                     f"Spearman(image norm, objects) {sp['rho_image_norm_objects']:+.3f}, Cohen's d of text norms "
+                     f"detailed vs vague {sp['d_text_norm_detailed_vs_vague']:+.3f}")
+        for direction in ("image_to_text", "text_to_image"):
+            if f"{direction}_match_norm_gap" not in sp:
+                continue
+            bins = " / ".join(f"{100 * sp[f'{direction}_R@1_{name}']:.1f}" for name, _, _ in DETAIL_BINS)
+            lines.append(f"  {direction}: R@1 vague / partial / detailed {bins}; log norm of the match - its "
+                         f"top competitors {sp[f'{direction}_match_norm_gap']:+.3f} (match longer for "
+                         f"{100 * sp[f'{direction}_match_longer_share']:.0f}% of queries)")
     ln = res.get("length")
     if ln:
         rho, w, st = ln["norm_length"], ln["within_bin_d"], ln["stratified"]

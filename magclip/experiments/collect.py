@@ -290,11 +290,11 @@ def comparisons(grid: Grid, records: list[CellRecord], rows: list[Row],
                          per_query_outcomes(col, row_cells[k].results[col.source], cache)) for k in keys]
             out.append({"labels": row_labels, "baseline": base_labels, "column": col.key,
                         "seeds": [list(k) for k in keys],
-                        **_paired(col, per_seed, per_cell, n_resamples)})
+                        **paired_comparison(col, per_seed, per_cell, n_resamples)})
     return out
 
 
-def _paired(col: Column, per_seed: list[float], per_cell: list[tuple[Outcomes | str, Outcomes | str]],
+def paired_comparison(col: Column, per_seed: list[float], per_cell: list[tuple[Outcomes | str, Outcomes | str]],
             n_resamples: int) -> dict[str, Any]:
     """`stats.compare` of paired per-seed differences, with the query-level statistics when every
     pair of cells kept per-query outcomes on the same items (else the reason they are missing)."""
@@ -358,5 +358,5 @@ def training_effects(grid: Grid, records: list[CellRecord], rows: list[Row],
                         "seeds": [[r.axis_values[a] for a in grid.aggregate] for r, _ in pairs],
                         "before": statistics.fmean(b for _, b in pairs),
                         "after": statistics.fmean(r.values[col.key] for r, _ in pairs),
-                        **_paired(col, [r.values[col.key] - b for r, b in pairs], per_cell, n_resamples)})
+                        **paired_comparison(col, [r.values[col.key] - b for r, b in pairs], per_cell, n_resamples)})
     return out

@@ -34,5 +34,18 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
                          "configs/accelerate/multi_node_cpu.yaml) or torchrun")
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
     precision, _ = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    _allow_another_precision(MIXED_PRECISION[precision])
     return Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
                        cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
+
+
+def _allow_another_precision(mixed_precision: str) -> None:
+    """accelerate keeps one AcceleratorState per process and refuses an Accelerator with another mixed
+    precision ("restart your runtime"); a second run in one Python process (a notebook, a test session)
+    may ask for one, e.g. an fp32 run after one at the default `auto`. The precision part of the state
+    is dropped then; the process group (accelerate's PartialState) is kept."""
+    from accelerate.state import AcceleratorState
+
+    current = AcceleratorState._shared_state.get("_mixed_precision")
+    if current is not None and current != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)

@@ -33,6 +33,7 @@ from magclip.temperature import (
 )
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
+from magclip.training.levers import evaluation_autocast
 from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
@@ -187,9 +188,14 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     if val_loader is None:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
+    eval_precision = evaluation_autocast(cfg.eval.precision, accelerator.device)[1]
+    log.info("evaluation precision: %s", eval_precision)
+
     def evaluate(m: CLIPTrainModule, step: int) -> dict[str, float]:
-        return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device) \
-            if val_loader else {}
+        if val_loader is None:
+            return {}
+        with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # whatever the training autocast
+            return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device)
 
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
         bias = m.logit_bias.value if m.logit_bias is not None else None
@@ -208,7 +214,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         if accelerator.is_main_process:
             final = engine.unwrapped
             for name, loader in extra_loaders.items():
-                with torch.no_grad(), accelerator.autocast():
+                with torch.no_grad(), evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:
                     eval_sets[name] = evaluate_retrieval(final.clip.eval(), evaluation_scorers(final.loss.scorers),
                                                          loader, accelerator.device)
         accelerator.wait_for_everyone()
@@ -219,7 +225,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(engine)),
         "train_data": train_urls, "train_samples_per_epoch": num_samples, "val_data": val_urls,
-        "matching": "caption identity",
+        "matching": "caption identity", "eval_precision": eval_precision,
         "loss_type": cfg.loss.type, "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "logit_bias": final.logit_bias.value if final.logit_bias is not None else None,
         **loop_record(engine, state, skipped), "metrics": metrics, "eval_sets": eval_sets,

@@ -157,8 +157,9 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
 
     eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
 
+    eval_precision = evaluation_autocast(cfg.eval.precision, accelerator.device)[1]
     if eval_sets:
-        log.info("evaluation precision: %s", evaluation_autocast(cfg.eval.precision, accelerator.device)[1])
+        log.info("evaluation precision: %s", eval_precision)
 
     def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
         with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # the same before and after training
@@ -194,6 +195,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     ckpt = latest_checkpoint(engine)
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
+        "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
         "no_duplicates": cfg.data.no_duplicates, "batch_duplicates_epoch0": first.duplicates,

@@ -1,20 +1,20 @@
 """The training engine on fixed in-memory batches: accumulation keeps all negatives, 2 processes = 1."""
 
 import json
-import weakref
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import torch
-
-from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
-from magclip.config import LossConfig, TrainConfig
-from magclip.training.accelerator import make_accelerator
-from magclip.training.engine import Engine
-from magclip.models.clip import create_clip
 from builders import free_port
+
+from magclip.config import LossConfig, TrainConfig
+from magclip.models.clip import create_clip
+from magclip.training.accelerator import make_accelerator
+from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
+from magclip.training.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH = 16
@@ -38,8 +38,9 @@ def run_engine(run_dir: Path, batches: list[dict], *, accum: int = 1, mode: str 
     torch.manual_seed(0)
     # eps well above float32 gradient noise: Adam's first steps are ~lr*sign(g), which would turn
     # last-bit differences of near-zero gradients into lr-sized weight differences
+    # fp32: the equivalences compared here (ranks, accumulation) hold to float32 rounding, not bf16's
     cfg = TrainConfig(epochs=1, batch_size=batches[0]["images"].shape[0], lr=1e-3, eps=1e-3, warmup_steps=0,
-                      accum_freq=accum, log_every=1, grad_clip=1.0)
+                      accum_freq=accum, log_every=1, grad_clip=1.0, precision="fp32")
     acc = make_accelerator(cfg, run_dir)
     loss_cfg = LossConfig(i2t=mode, t2i="learnable" if mode == "qnorm" else mode)
     module = CLIPTrainModule(create_clip("tiny-vit").model, build_loss(loss_cfg), build_logit_scale(loss_cfg))

@@ -14,8 +14,8 @@ import torch
 from magclip.config import LossConfig, TrainConfig
 from magclip.models.clip import create_clip
 from magclip.training import levers
-from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
 from magclip.training.accelerator import make_accelerator
+from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
 from magclip.training.engine import Engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,3 +131,37 @@ def test_optimizer_auto_falls_back_where_fused_does_not_apply():
     ints = [torch.zeros(2, dtype=torch.int64)]
     assert levers.optimizer_kwargs("auto", ints)[0] == {"foreach": True}
     assert levers.optimizer_kwargs("for_loop", doubles) == ({"foreach": False}, "for_loop AdamW, as configured")
+
+
+def test_auto_is_the_default_and_evaluations_stay_in_fp32(tmp_path):
+    """Both trainers default to train.precision=auto; a CLIP run trained under bf16 autocast validates in
+    fp32 (eval.precision): its R@1 is an fp32 evaluation of its final checkpoint, and results.json says
+    which precision each part ran in."""
+    from builders import tiny_run
+
+    from magclip.config import TextRunConfig, load_config
+    from magclip.data.shards import build_clip_loader
+    from magclip.evaluation.checkpoint import load_checkpoint
+    from magclip.evaluation.clip import evaluate_retrieval
+    from magclip.training.clip import train_clip
+
+    assert load_config().train.precision == "auto" and TextRunConfig().train.precision == "auto"
+    assert load_config().eval.precision == "fp32"
+    res = train_clip(load_config(None, tiny_run(tmp_path, tmp_path / "synth", "bf16", "train.precision=bf16",
+                                                "train.max_steps=3")))
+    assert res["speed_levers"]["precision"].startswith("bf16") and res["eval_precision"].startswith("fp32")
+    model = load_checkpoint(res["checkpoint"])
+    loader = build_clip_loader(res["val_data"], preprocess=model.preprocess, tokenizer=model.tokenizer,
+                               batch_size=256, num_samples=None, shuffle=False, workers=0, rank=0, world_size=1,
+                               drop_last=False)
+    again = evaluate_retrieval(model.clip.eval(), model.scorers, loader, "cpu")
+    assert again["image_to_text_R@1"] == res["metrics"]["image_to_text_R@1"]
+    assert again["text_to_image_mean_rank"] == res["metrics"]["text_to_image_mean_rank"]
+
+
+def test_a_second_run_in_one_process_may_change_the_precision(tmp_path):
+    """accelerate refuses a second Accelerator with another mixed precision in one process; a notebook or
+    a test session running an fp32 run after a bf16 one gets the precision it asked for."""
+    first = make_accelerator(TrainConfig(precision="bf16"), tmp_path / "a")
+    assert first.mixed_precision == "bf16"
+    assert make_accelerator(TrainConfig(precision="fp32"), tmp_path / "b").mixed_precision == "no"
