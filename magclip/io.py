@@ -137,3 +137,28 @@ def safe_torch_load(path: str | Path) -> Any:
         if error is None:
             raise
         raise error from None
+
+
+def copy_weights_folder(src: str | Path, dst: str | Path, dtype_name: str) -> None:
+    """Copy a model folder (HF / sentence-transformers), its model.safetensors cast to `dtype_name`:
+    float16 halves what a transfer or a repository must hold, float32 restores trainable weights (each
+    weight is then the float16 rounding of the original, relative error <= 2^-11). Written beside `dst`
+    and swapped in at the end, so `dst` is the old folder or the complete new one."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dtype = getattr(torch, dtype_name)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("model.safetensors", "*.bin", "onnx", "openvino"))
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()},
+              tmp / "model.safetensors", metadata={"format": "pt"})
+    config_file = tmp / "config.json"
+    if config_file.is_file():   # the dtype a config records (transformers 5 `dtype`, 4 `torch_dtype`) says the new one
+        config = json.loads(config_file.read_text())
+        recorded = {key: dtype_name for key in ("dtype", "torch_dtype") if key in config}
+        if recorded:
+            config_file.write_text(json.dumps({**config, **recorded}, indent=2) + "\n")
+    publish_dir(tmp, dst)

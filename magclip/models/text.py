@@ -379,10 +379,18 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what transformers r
 def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     """`AutoModel.from_pretrained`, whose refusal of an unsafe weights file, and whose failure on a truncated
     or foreign one (a bare SafetensorError or zip-reader error), become one error naming the weights file.
-    Remote code stays off (transformers' default): a model folder is user input."""
+    Remote code stays off (transformers' default): a model folder is user input. The parameters are
+    float32 whatever the folder stores (transformers >= 4.56 keeps a float16/bfloat16 file's dtype by
+    default): they are the master weights of training, and precision is autocast's job (train.precision,
+    eval.precision), so an fp16 checkpoint neither trains in fp16 nor evaluates outside eval.precision."""
+    import transformers
+    from packaging.version import Version
     from safetensors import SafetensorError
     from transformers import AutoModel
 
+    if not {"dtype", "torch_dtype"} & set(hf_kwargs):   # the keyword is `torch_dtype` before 4.56
+        dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+        hf_kwargs = {**hf_kwargs, dtype_key: torch.float32}
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:

@@ -10,6 +10,7 @@ import torch
 
 from builders import WORDS, make_tiny_bert
 
+from magclip.io import copy_weights_folder
 from magclip.models.text import META_FILE, BiEncoder, last_token_pool, mean_pool, pool, resolve_model_path
 
 TEXTS = ["the cat sat on the mat", "a dog", "protein cell study results in human brain white matter",
@@ -81,6 +82,23 @@ def test_bf16_encoding_is_close_to_fp32_and_returns_float32(tiny_bert):
     m.encode_dtype = None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(m.encode(texts, "passage"), bf16)
+
+
+def test_a_float16_folder_loads_as_float32_master_weights(tiny_bert, tmp_path):
+    """A folder stored in float16 (a hub upload, a committed start) loads with float32 parameters, each the
+    float16 rounding of the original: transformers >= 4.56 would keep float16, and the run would train
+    float16 weights and evaluate outside eval.precision. copy_weights_folder's float32 copy of it loads
+    the same weights."""
+    copy_weights_folder(tiny_bert, tmp_path / "half", "float16")
+    half = BiEncoder.from_pretrained(tmp_path / "half")
+    original = BiEncoder.from_pretrained(tiny_bert)
+    for (name, p), q in zip(half.query_model.named_parameters(), original.query_model.parameters()):
+        assert p.dtype == torch.float32, name
+        assert torch.equal(p, q.half().float()), name
+    assert not all(torch.equal(p, q) for p, q in zip(half.query_model.parameters(), original.query_model.parameters()))
+    copy_weights_folder(tmp_path / "half", tmp_path / "full", "float32")
+    full = BiEncoder.from_pretrained(tmp_path / "full")
+    assert torch.equal(full.encode(TEXTS, "passage"), half.encode(TEXTS, "passage"))
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
