@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from magclip.experiments import stats
-from magclip.experiments.grid import Column, Grid
+from magclip.experiments.grid import MAIN, Column, Grid
 from magclip.metrics.ranks import (
     DIGEST_MARK,
     DIRECTIONS,
@@ -65,6 +65,7 @@ class CellRecord:
     values: dict[str, float | None]
     results: dict[str, str]
     unresolved: list[str]
+    precision: str | None = None    # the training precision the run resolved (fp32/bf16/fp16; `auto` is per machine)
 
     @property
     def stale(self) -> bool:
@@ -74,7 +75,7 @@ class CellRecord:
         """The record as compare.json holds it (axis values as top-level keys)."""
         return {"cell": self.cell, **self.axis_values, "finished": self.finished, "stale": self.stale,
                 "stale_reasons": self.stale_reasons, "values": self.values, "results": self.results,
-                "unresolved": self.unresolved}
+                "unresolved": self.unresolved, "precision": self.precision}
 
 
 @dataclass
@@ -117,8 +118,31 @@ def collect(grid: Grid) -> list[CellRecord]:
         finished = cell.finished
         records.append(CellRecord(cell.name, dict(cell.values), finished, cell.stale_reasons() if finished else [], values,
                                   {k: str(p) for k, p in cell.results.items()},
-                                  [k for k, v in values.items() if v is None] if finished else []))
+                                  [k for k, v in values.items() if v is None] if finished else [],
+                                  trained_precision(loaded.get(MAIN)) if finished else None))
     return records
+
+
+def trained_precision(results: Any) -> str | None:
+    """The precision a run resolved `train.precision: auto` to, as its results.json records it
+    (`speed_levers.precision`: "bf16 (auto: this CPU has AVX512-BF16 and AMX)"): "bf16"; None for a
+    pinned precision (a setting of the grid, compared by staleness) or no record."""
+    recorded = lookup(results, "speed_levers.precision") if isinstance(results, dict) else None
+    if not isinstance(recorded, str) or "(auto:" not in recorded:
+        return None
+    return recorded.split()[0]
+
+
+def mixed_precisions(records: list[CellRecord]) -> dict[str, list[str]]:
+    """{precision: finished cells} when `auto` resolved to more than one precision among the finished
+    cells, else {}. Grid staleness compares configs, and `train.precision: auto` is the same value on
+    every machine: a grid resumed on a machine that resolves it otherwise (bf16 where native, fp32
+    elsewhere) mixes the two in one table."""
+    by: dict[str, list[str]] = {}
+    for r in records:
+        if r.finished and r.precision:
+            by.setdefault(r.precision, []).append(r.cell)
+    return by if len(by) > 1 else {}
 
 
 def _stat(values: list[float | None]) -> Stat:

@@ -29,6 +29,7 @@ from magclip.experiments.collect import (
     collect,
     comparisons,
     item_noun,
+    mixed_precisions,
     summarize,
     training_effects,
 )
@@ -370,6 +371,11 @@ def markdown_report(grid: Grid, rows: list[Row], records: list[CellRecord], plot
     if stale:
         lines += ["Stale (finished, but not the experiment the grid runs now; in the table all the same): "
                   + "; ".join(f"`{r.cell}` ({', '.join(r.stale_reasons)})" for r in stale) + ".", ""]
+    mixed = mixed_precisions(records)
+    if mixed:
+        lines += ["Trained in different precisions (`train.precision: auto` resolves per machine; pin it in the "
+                  "grid to compare like with like): "
+                  + "; ".join(f"{p} {', '.join(f'`{c}`' for c in cells)}" for p, cells in mixed.items()) + ".", ""]
     for key, cells in unresolved_columns(records).items():
         where = ", ".join(f"`{c}`" for c in cells)
         lines += [(f"Column `{key}` has no number in finished runs {where} (a typo in the path, or a metric "

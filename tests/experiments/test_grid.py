@@ -254,6 +254,31 @@ def test_table_from_known_results(tmp_path):
     assert all(p.stat().st_size > 1000 for p in written["plots"])
 
 
+def test_cells_that_resolved_auto_precision_differently_are_named(tmp_path):
+    """`train.precision: auto` is one config value on every machine, so staleness cannot see a grid resumed
+    on a machine that resolves it otherwise: the report names the cells per resolved precision. A pinned
+    precision (no "auto:" in the record) is the grid's own setting and is not flagged."""
+    grid = load_grid(grid_dict(tmp_path))
+    c0, q0, c1, q1 = grid.cells()
+    def record(cell, precision: str) -> None:
+        results = json.loads((cell.run_dir / "results.json").read_text())
+        (cell.run_dir / "results.json").write_text(json.dumps({**results, "speed_levers": {"precision": precision}}))
+
+    for cell in (c0, q0, c1, q1):
+        fake_results(cell, 0.4, 3.0)
+    record(c0, "bf16 (auto: this CPU has AVX512-BF16 and AMX)")
+    record(q0, "bf16 (auto: CUDA device supports bf16)")
+    record(c1, "fp32 (auto: this CPU has neither AVX512-BF16 nor AMX ...)")    # q1: no record (an older run)
+    write_report(grid)
+    md = (tmp_path / "compare.md").read_text()
+    assert ("Trained in different precisions (`train.precision: auto` resolves per machine; pin it in the grid "
+            "to compare like with like): bf16 `loss=cosine,seed=0`, `loss=i2t_qnorm,seed=0`; "
+            "fp32 `loss=cosine,seed=1`.") in md
+    record(c1, "fp32 (as configured)")     # pinned: the grid's own setting, which staleness judges
+    write_report(grid)
+    assert "Trained in different precisions" not in (tmp_path / "compare.md").read_text()
+
+
 def test_report_file_carries_its_own_overview_plot(tmp_path):
     grid = load_grid(grid_dict(tmp_path / "out"))
     fake_results(grid.cells()[0], 0.4, 3.0)
