@@ -8,9 +8,11 @@
 
 Each interruption is a SIGKILL (a node lost: nothing is saved) or a SIGTERM (a preemption: the run
 saves the step it reached and exits 75, training/preemption.py), drawn at random, sent after a random
-delay drawn up to a third of the unbroken run's time, counted from the moment the trainer catches
-SIGTERM (so some land in the start-up, most in the training, some in the final evaluation), until the wanted number of interruptions has happened; then
-the run is let finish. Then the checks of the preemption issue, as a JSON report (--out/soak.json):
+delay drawn up to a third of the unbroken run's time scaled by the share of its steps still to train,
+counted from the moment the trainer catches SIGTERM (so some land in the start-up, most in the
+training, some in the final evaluation), until the wanted number of interruptions has happened; then
+the run is let finish (a start that finishes before its signal is not counted; the checks say how
+many interruptions happened of how many were wanted). Then the checks of the preemption issue, as a JSON report (--out/soak.json):
 
 - the final weights equal the unbroken run's (results.json's weights_sha256_by_rank);
 - every SIGTERM exits 75, and one during training saved the step it had reached: no step record of
@@ -121,7 +123,7 @@ def soak(out: Path, extra: list[str], interruptions: int, seed: int = 0, kill_sh
     rng = random.Random(seed)
     run_dir = out / "soak"
     attempts: list[dict[str, Any]] = []
-    delay_top = max_delay_s or unbroken_s / 3   # short enough that the run rarely finishes before the signal
+    total_steps = int(reference["steps"])
     superseded_lines = 0
     while True:
         interrupt = len([a for a in attempts if a["signal"]]) < interruptions
@@ -130,6 +132,10 @@ def soak(out: Path, extra: list[str], interruptions: int, seed: int = 0, kill_sh
         sig, delay = None, None
         if interrupt:
             sig = signal.SIGKILL if rng.random() < kill_share else signal.SIGTERM
+            # up to a third of what is left of the run (its start-up, steps and evaluation): a fixed bound
+            # let the last starts finish before their signal, and the soak end short of its interruptions
+            left = 1 - _saved_step(run_dir) / max(total_steps, 1)
+            delay_top = max_delay_s or unbroken_s / 3 * max(left, 0.05)
             delay = rng.uniform(MIN_DELAY_S, max(delay_top, MIN_DELAY_S + 1))
             _wait_listening(proc, signal.SIGTERM)   # a SIGKILL waits too, so both draw from one clock
             try:
@@ -156,13 +162,18 @@ def soak(out: Path, extra: list[str], interruptions: int, seed: int = 0, kill_sh
         if len(attempts) > 3 * interruptions + 10:
             raise RuntimeError(f"the run did not finish after {len(attempts)} starts: {attempts[-3:]}")
     return {"unbroken_s": unbroken_s, "attempts": attempts,
-            "checks": check_run(run_dir, reference, attempts)}
+            "checks": {"interruptions_wanted": interruptions, **check_run(run_dir, reference, attempts)}}
+
+
+def _saved_step(run_dir: Path) -> int:
+    """The step of the latest complete checkpoint (0: none)."""
+    return max((int(d.name.split("_")[1]) for d in (run_dir / "checkpoints").glob("step_*") if d.is_dir()),
+               default=0)
 
 
 def _unsaved_steps(run_dir: Path) -> int:
     """Step records in metrics.jsonl past the latest complete checkpoint: what a resume would train again."""
-    saved = max((int(d.name.split("_")[1]) for d in (run_dir / "checkpoints").glob("step_*") if d.is_dir()),
-                default=0)
+    saved = _saved_step(run_dir)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").is_file() else []
     steps = []
     for line in lines:
@@ -236,6 +247,10 @@ def main() -> int:
     print(json.dumps(report["checks"], indent=2))
     for attempt in report["attempts"]:
         print(attempt)
+    checks = report["checks"]
+    if checks["interruptions"] < checks["interruptions_wanted"]:
+        print(f"note: {checks['interruptions']} of {checks['interruptions_wanted']} interruptions happened "
+              "(the run finished before a signal); run again with another --seed for more")
     return 0 if passed(report["checks"]) else 1
 
 
