@@ -9,8 +9,12 @@ is bootstrapped over queries, a correlation recomputed over resampled pairs), wi
 and the permutation p. With one seed per mode the interval is the evaluation set's (queries) only:
 two particular runs differ, not yet two settings.
 
-The one-line answer per set and mode (`trend`) reads the curve from its first budget to its last:
-the gap crosses zero, closes (no longer detected), opens, levels off, narrows or widens.
+The start (step 0) is each run's evaluation of the model it started from (`eval.at_start`:
+`RUN/zero_shot.json` and its per-query outcomes), scored with the run's own mode: the gap before any
+training, drawn left of the log axis. The one-line answer per set and mode (`trend`) reads the curve
+from its first trained budget to its last: the gap crosses zero, closes (no longer detected), opens,
+levels off, narrows or widens; a metric with no per-query outcomes and one run per mode (Cohen's d of
+document norms) has no interval, and the answer says so instead of calling a gap undetected.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ from magclip.experiments.report import format_p, interval, signed
 
 STEP_FILE = re.compile(r"^step_(\d+)\.json$")
 EVALS_DIR = "evals"
+START_FILE = "zero_shot.json"   # eval.at_start's evaluation, {"zero_shot": metrics}, beside its .queries.npz
+START_STEP = 0
 
 
 @dataclass
@@ -53,12 +59,31 @@ class BudgetPoint:
     def sign(self) -> int:
         return (self.diff > 0) - (self.diff < 0)
 
+    @property
+    def has_interval(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
+
+    @property
+    def gap(self) -> str:
+        if not self.has_interval:
+            return "no interval"
+        return "decided" if self.decided else "none detected"
+
 
 def step_files(run_dir: Path) -> dict[int, Path]:
-    """{step: evals/step_N.json} of a run folder."""
+    """{step: evals/step_N.json} of a run folder, and {0: zero_shot.json} where it evaluated its start."""
     folder = run_dir / EVALS_DIR
     found = {int(m[1]): p for p in folder.glob("step_*.json") if (m := STEP_FILE.match(p.name))}
+    if (run_dir / START_FILE).is_file():
+        found[START_STEP] = run_dir / START_FILE
     return dict(sorted(found.items()))
+
+
+def _at_step(col: Column, step: int) -> Column:
+    """The column as the step's file holds it: the start's file keeps `metrics.X` under `zero_shot.X`."""
+    if step != START_STEP or not col.path.startswith("metrics."):
+        return col
+    return replace(col, key="zero_shot." + col.path[len("metrics."):])
 
 
 def budget_points(grid: Grid, mode_axis: str = "loss", baseline: str | None = None, seed_axis: str = "seed",
@@ -83,15 +108,16 @@ def budget_points(grid: Grid, mode_axis: str = "loss", baseline: str | None = No
             base_steps, row_steps = step_files(base_cell.run_dir), step_files(row_cell.run_dir)
             for step in sorted(set(base_steps) & set(row_steps)):
                 by_step.setdefault(step, []).append((base_steps[step], row_steps[step]))
-        for step, files in by_step.items():
+        for step, files in sorted(by_step.items()):
             for col in columns:
-                point = _point(col, mode, step, files, n_resamples)
+                point = _point(_at_step(col, step), mode, step, files, n_resamples, key=col.path)
                 if point is not None:
                     points.append(point)
     return points
 
 
-def _point(col: Column, mode: str, step: int, files: list[tuple[Path, Path]], n_resamples: int) -> BudgetPoint | None:
+def _point(col: Column, mode: str, step: int, files: list[tuple[Path, Path]], n_resamples: int,
+           key: str) -> BudgetPoint | None:
     numbers = [(lookup(_read(b), col.path), lookup(_read(r), col.path)) for b, r in files]
     if any(not isinstance(x, (int, float)) for pair in numbers for x in pair):
         return None
@@ -104,7 +130,7 @@ def _point(col: Column, mode: str, step: int, files: list[tuple[Path, Path]], n_
         low, high, p, decided = cmp["seed_low"], cmp["seed_high"], math.nan, False
     if len(files) >= 2:       # with seeds, the grid's rule: both intervals on one side
         decided = cmp["verdict"] not in (stats.NO_DIFFERENCE, stats.ONE_SEED)
-    return BudgetPoint(col.path, mode, step, len(files), sum(b for b, _ in numbers) / len(numbers),
+    return BudgetPoint(key, mode, step, len(files), sum(b for b, _ in numbers) / len(numbers),
                        sum(r for _, r in numbers) / len(numbers), cmp["diff"], _num(low), _num(high), _num(p),
                        cmp["n_items"], bool(decided))
 
@@ -118,13 +144,17 @@ def _num(x: Any) -> float:
 
 
 def trend(points: Sequence[BudgetPoint]) -> str:
-    """How the gap moves from the first budget to the last (points of one column and mode)."""
-    pts = sorted(points, key=lambda p: p.step)
+    """How the gap moves from the first trained budget to the last (points of one column and mode; the
+    start, step 0, is shown, not read here: it is the gap before training)."""
+    pts = sorted((p for p in points if p.step != START_STEP), key=lambda p: p.step)
     if not pts:
         return "no evaluated step"
     first, last = pts[0], pts[-1]
     if len(pts) == 1:
         return "one budget only"
+    if not any(p.has_interval for p in pts):
+        return (f"no interval (one run per mode, no per-query outcomes): {_minus(f'{first.diff:+.3g}')} "
+                f"after step {first.step}, {_minus(f'{last.diff:+.3g}')} after step {last.step}")
     if not any(p.decided for p in pts):
         return "no gap detected at any budget"
     if first.decided and last.decided and first.sign != last.sign:
@@ -162,15 +192,26 @@ def plot_budget(points: Sequence[BudgetPoint], path: str | Path, labels: dict[st
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    trained = [p.step for p in points if p.step != START_STEP]
+    start_x = min(trained) / 3 if trained else 1.0    # where the start is drawn, left of the log axis
     for ax, key in zip(axes.flat, keys):
         for mode in dict.fromkeys(p.mode for p in points if p.key == key):
             pts = sorted((p for p in points if p.key == key and p.mode == mode), key=lambda p: p.step)
-            steps = [p.step for p in pts]
-            line, = ax.plot(steps, [p.diff * scale for p in pts], marker="o", label=mode)
-            ax.fill_between(steps, [p.low * scale for p in pts], [p.high * scale for p in pts],
-                            color=line.get_color(), alpha=0.18)
+            line, = ax.plot([p.step for p in pts if p.step != START_STEP],
+                            [p.diff * scale for p in pts if p.step != START_STEP], marker="o", label=mode)
+            banded = [p for p in pts if p.step != START_STEP and p.has_interval]
+            ax.fill_between([p.step for p in banded], [p.low * scale for p in banded],
+                            [p.high * scale for p in banded], color=line.get_color(), alpha=0.18)
+            for p in (p for p in pts if p.step == START_STEP):
+                err = [[(p.diff - p.low) * scale], [(p.high - p.diff) * scale]] if p.has_interval else None
+                ax.errorbar([start_x], [p.diff * scale], yerr=err, marker="s", color=line.get_color(), capsize=3,
+                            ls="none")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log")
+        if any(p.step == START_STEP for p in points):
+            ticks = [start_x, *sorted(set(trained))]
+            ax.set_xticks(ticks, ["start", *(str(t) for t in ticks[1:])], fontsize=7)
+            ax.minorticks_off()
         ax.set_xlabel("training steps")
         ax.set_title((labels or {}).get(key, key), fontsize=9)
         ax.set_ylabel(f"mode − baseline (×{scale:g})" if scale != 1 else "mode − baseline")
@@ -184,14 +225,16 @@ def plot_budget(points: Sequence[BudgetPoint], path: str | Path, labels: dict[st
 def markdown(points: Sequence[BudgetPoint], baseline: str, labels: dict[str, str] | None = None,
              scales: dict[str, float] | None = None, digits: int = 2) -> str:
     """One table of every point, then the one-line answers."""
-    lines = [f"| set / metric | mode | step | seeds | {baseline} | mode | Δ | 95 % CI | p (queries) | gap |",
+    lines = [f"| set / metric | mode | step (0: the start) | seeds | {baseline} | mode | Δ | 95 % CI "
+             "| p (queries) | gap |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for p in points:
+    order = {key: i for i, key in enumerate(dict.fromkeys(p.key for p in points))}
+    for p in sorted(points, key=lambda p: (order[p.key], p.mode, p.step)):     # each set's curve together
         s = (scales or {}).get(p.key, 100.0)
         lines.append(f"| {(labels or {}).get(p.key, p.key)} | {p.mode} | {p.step} | {p.n_seeds} "
                      f"| {_plain(p.base, s, digits)} | {_plain(p.row, s, digits)} | {signed(p.diff, s, digits)} "
                      f"| {'–' if math.isnan(p.low) else interval(p.low, p.high, s, digits)} "
-                     f"| {'–' if math.isnan(p.p) else format_p(p.p)} | {'decided' if p.decided else 'none detected'} |")
+                     f"| {'–' if math.isnan(p.p) else format_p(p.p)} | {p.gap} |")
     lines.append("")
     for (key, mode), answer in answers(points).items():
         lines.append(f"- {(labels or {}).get(key, key)}, {mode} − {baseline}: {answer}.")
@@ -199,7 +242,11 @@ def markdown(points: Sequence[BudgetPoint], baseline: str, labels: dict[str, str
 
 
 def _plain(x: float, scale: float, digits: int) -> str:
-    return f"{x * scale:.{digits}f}".replace("-", "−")
+    return _minus(f"{x * scale:.{digits}f}")
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
 
 
 def as_records(points: Sequence[BudgetPoint]) -> list[dict[str, Any]]:

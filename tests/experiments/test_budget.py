@@ -1,10 +1,12 @@
 """The budget curve (magclip.experiments.budget) on a tiny real text grid: two modes, one seed, evaluated
-after steps 1 and 3. Each point is mode − baseline of the runs' own step evaluations with a query-level
-interval; the command writes the table, the answers and the figure; `trend` reads curves as documented."""
+at the start and after steps 1 and 3. Each point is mode − baseline of the runs' own step evaluations
+(the start's: zero_shot.json) with a query-level interval; the command writes the table, the answers and
+the figure; `trend` reads curves as documented."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from builders import toy_text_grid
@@ -22,7 +24,7 @@ def long_grid(tmp_path_factory):
     modes = [{"name": "cosine", "set": {"loss.mode": "cosine"}}, {"name": "dot", "set": {"loss.mode": "dot"}}]
     path = toy_text_grid(tmp_path_factory.mktemp("budget"), "tiny_budget", {"loss": modes, "seed": [0]},
                          columns=[NDCG, STS], rows_seed=11, baseline={"loss": "cosine"},
-                         **{"train.max_steps": 3, "train.val_at": [1]})
+                         **{"train.max_steps": 3, "train.val_at": [1], "eval.at_start": True})
     grid = load_grid(path)
     assert run_grid(grid, jobs=2, echo=lambda s: None)["failed"] == []
     return grid, path
@@ -31,10 +33,12 @@ def long_grid(tmp_path_factory):
 def test_every_evaluated_step_is_paired_by_query(long_grid):
     grid, _ = long_grid
     points = budget_points(grid, n_resamples=300)
-    assert sorted({(p.key, p.step) for p in points}) == [(NDCG, 1), (NDCG, 3), (STS, 1), (STS, 3)]
+    assert sorted({(p.key, p.step) for p in points}) == [(k, step) for k in (NDCG, STS) for step in (0, 1, 3)]
     cells = {c.values["loss"]: c for c in grid.cells()}
     for p in points:
-        base, row = (json.loads(step_files(cells[m].run_dir)[p.step].read_text())["metrics"] for m in ("cosine", "dot"))
+        where = "zero_shot" if p.step == 0 else "metrics"      # the start: the run's evaluation of its start
+        base, row = (json.loads(step_files(cells[m].run_dir)[p.step].read_text())[where]
+                     for m in ("cosine", "dot"))
         name = p.key.split(".", 1)[1]
         assert p.mode == "dot" and p.n_seeds == 1 and p.n_items == 16
         assert p.diff == pytest.approx(row[name] - base[name], abs=1e-9)
@@ -48,12 +52,24 @@ def test_the_command_writes_table_answers_and_figure(long_grid, tmp_path):
                  "--out", str(out)])
     text = report.read_text()
     assert "| val toybeir ndcg@10 | dot | 3 | 1 |" in text and "- val toysts spearman, dot − cosine:" in text
-    assert figure.stat().st_size > 5000 and len(json.loads(out.read_text())["points"]) == 4
+    assert "| val toybeir ndcg@10 | dot | 0 | 1 |" in text
+    assert figure.stat().st_size > 5000 and len(json.loads(out.read_text())["points"]) == 6
 
 
 def point(step, diff, low, high, decided=None):
     decided = (low > 0 or high < 0) if decided is None else decided
     return BudgetPoint("k", "dot", step, 1, 0.5, 0.5 + diff, diff, low, high, 0.01, 100, decided)
+
+
+def test_a_metric_without_an_interval_is_not_called_undetected():
+    """Cohen's d of document norms has no per-query outcomes: with one run per mode it has no interval,
+    which the table and the answer say; the start (step 0) is not read as a budget."""
+    pts = [point(0, -0.7, math.nan, math.nan, False), point(160, -0.8, math.nan, math.nan, False),
+           point(1500, -0.3, math.nan, math.nan, False)]
+    assert [p.gap for p in pts] == ["no interval"] * 3
+    assert trend(pts) == ("no interval (one run per mode, no per-query outcomes): −0.8 after step 160, "
+                          "−0.3 after step 1500")
+    assert trend([point(0, -5, -7, -3), point(160, -5, -7, -3), point(500, -1, -3, 1)]).startswith("closes")
 
 
 @pytest.mark.parametrize("curve, answer", [
