@@ -192,21 +192,27 @@ def test_tiny_fine_tune_end_to_end(tmp_path):
                           atol=1e-5)
 
 
+def toy_run(tmp_path: Path, rows: int, *extra: str) -> list[str]:
+    """Overrides of a tiny text run (a tiny BERT, toy pairs, a toy BEIR set and STS from the first 12
+    rows, runs under tmp_path/runs) for configs/text/scifact.yaml, `extra` last."""
+    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
+    pairs = toy_rows(rows)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in pairs) + "\n")
+    beir, sts = write_toy_eval(tmp_path, pairs[:12])
+    return [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
+            f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
+            "train.batch_size=4", "train.warmup_steps=0", f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}",
+            "eval.rag={}", *extra]
+
+
 def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tmp_path, caplog):
     """A run stopped after its step-2 checkpoint and resumed (what a killed grid cell does) ends with the
     unbroken run's weights, metrics and zero_shot: eval.at_start runs once, on the fresh start, and is
     read back from the run folder with its per-query values (results.queries.npz `zero_shot.*`)."""
     from magclip.metrics.ranks import load_query_values, queries_path
 
-    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
-    rows = toy_rows(32)
-    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    beir, sts = write_toy_eval(tmp_path, rows[:12])
-    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
-                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
-                 "train.batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "train.warmup_steps=0",
-                 "train.lr=1e-3", f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}", "eval.rag={}",
-                 "eval.at_start=true"]
+    overrides = toy_run(tmp_path, 32, "train.max_steps=4", "train.checkpoint_every=2", "train.lr=1e-3",
+                        "eval.at_start=true")
     config = ROOT / "configs" / "text" / "scifact.yaml"
     whole = train_text(load_text_config(config, [*overrides, "name=whole"]))
     assert (tmp_path / "runs" / "whole" / "zero_shot.json").is_file() and "toy/ndcg@10" in whole["zero_shot"]
@@ -244,15 +250,8 @@ def test_an_evaluation_at_a_chosen_step_pairs_with_the_final_one(tmp_path):
     from magclip.training.text import step_evaluation_path
     from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 
-    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
-    rows = toy_rows(32)
-    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    beir, sts = write_toy_eval(tmp_path, rows[:12])
-    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
-                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
-                 "train.batch_size=4", "train.max_steps=4", "train.checkpoint_every=2", "train.warmup_steps=0",
-                 "train.lr=1e-3", "loss.mode=dnorm", f"eval.beir={{toy: {beir}}}", f"eval.sts={{toy: {sts}}}",
-                 "eval.rag={}", "train.val_at=[2]"]
+    overrides = toy_run(tmp_path, 32, "train.max_steps=4", "train.checkpoint_every=2", "train.lr=1e-3",
+                        "loss.mode=dnorm", "train.val_at=[2]")
     config = ROOT / "configs" / "text" / "scifact.yaml"
     cfg = load_text_config(config, [*overrides, "name=budget"])
     results = train_text(cfg)
@@ -295,15 +294,8 @@ def test_evaluations_before_and_after_training_share_their_precision(tmp_path, f
     evaluation after training equals the one before, value for value: both encode in `eval.precision`
     (fp32 by default: the run's autocast is switched off; bf16 on request), never the start in fp32 and
     the end under the run's bf16 autocast, which put a precision change into "what training moved"."""
-    model_dir = make_tiny_bert(tmp_path / "tiny-bert")
-    rows = toy_rows(24)
-    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    beir, sts = write_toy_eval(tmp_path, rows[:12])
-    overrides = [f"model.name={model_dir}", "model.query_max_length=16", "model.passage_max_length=24",
-                 f"data.train={tmp_path / 'pairs.jsonl'}", "data.beir=null", f"output_dir={tmp_path / 'runs'}",
-                 "train.batch_size=4", "train.max_steps=2", "train.lr=1e-30", "train.loss_lr=1e-30", "train.warmup_steps=0",
-                 "train.checkpoint_every=0", "train.precision=bf16", f"eval.beir={{toy: {beir}}}",
-                 f"eval.sts={{toy: {sts}}}", "eval.rag={}", "eval.at_start=true", "eval.length_bins=2"]
+    overrides = toy_run(tmp_path, 24, "train.max_steps=2", "train.lr=1e-30", "train.loss_lr=1e-30",
+                        "train.checkpoint_every=0", "train.precision=bf16", "eval.at_start=true", "eval.length_bins=2")
     config = ROOT / "configs" / "text" / "scifact.yaml"
     runs = {p: train_text(load_text_config(config, [*overrides, f"name={p}", f"eval.precision={p}"]))
             for p in ("fp32", "bf16")}
