@@ -43,7 +43,7 @@ RESUMABLE_KEYS = (
     "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
     "train.compile", "train.compile_mode", "train.report_to", "train.save_on_signal", "train.time_limit",
-    "loss.logit_scale_from_norms",
+    "loss.logit_scale_from_norms", "eval.start_cache",
 )
 RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
@@ -257,6 +257,8 @@ class TextEvalConfig:
     identical_ids: str = "self"             # same-id documents left out of a ranking: self (only the query itself), drop, keep
     precision: str = "fp32"                 # encoding precision of every evaluation of the run, before and after
                                             # training alike, whatever train.precision is: fp32 / bf16 / auto
+    start_cache: str | None = None          # a folder that shares eval.at_start's evaluation among runs of the same
+                                            # start, sets and scorer (the seeds of a grid): training/start_cache.py
 
 
 @dataclass

@@ -30,7 +30,7 @@ from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
-from magclip.models.text import BiEncoder
+from magclip.models.text import BiEncoder, resolve_model_path
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.accelerator import make_accelerator
@@ -45,6 +45,7 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.start_cache import cached_start, start_key, store_start
 from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.training.threads import use_threads
 
@@ -179,8 +180,8 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         with torch.no_grad():
             return evaluate(module, 0)
 
-    zero_shot = start_evaluation(cfg, run_dir, evaluate_start) if cfg.eval.at_start and accelerator.is_main_process \
-        else {}
+    zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start) \
+        if cfg.eval.at_start and accelerator.is_main_process else ({}, None)
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
@@ -203,7 +204,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         else passage_tokens or encoder.settings.passage_max_length,
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
         "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped),
-        START_KEY: zero_shot, "metrics": metrics,
+        START_KEY: zero_shot, f"{START_KEY}_source": start_source, "metrics": metrics,
     }
     return write_results(results, run_dir, accelerator)
 
@@ -224,21 +225,40 @@ def write_step_evaluation(run_dir: Path, step: int, metrics: RetrievalMetrics) -
     return path
 
 
-def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics]) -> dict[str, Any]:
-    """The evaluation of the model training starts from (`eval.at_start`): computed on a fresh run and
+def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics]
+                     ) -> tuple[dict[str, Any], str]:
+    """The evaluation of the model training starts from (`eval.at_start`), and where it came from: computed
+    on a fresh run (or copied from `eval.start_cache`, where an identical start was evaluated before) and
     kept in the run folder (`zero_shot.json`, its per-query outcomes beside it), read back on a resumed
     one, so that results.json reports it, query by query, however often the run was interrupted."""
     path = run_dir / f"{START_KEY}.json"
     if cfg.train.resume is None:
+        cache = _start_cache(cfg)
+        if cache is not None and cached_start(cache[0], cache[1], path):
+            return read_metrics_with_outcomes(path, START_KEY), f"copied from {cache[0] / cache[1]}"
         zero_shot = evaluate()
         write_results_with_outcomes(path, {START_KEY: zero_shot})
-        return zero_shot
+        if cache is not None:
+            store_start(*cache, path)
+        return zero_shot, "evaluated"
     if path.is_file():
         log.info("eval.at_start: the start's evaluation read back from %s (a resumed run)", path)
-        return read_metrics_with_outcomes(path, START_KEY)
+        return read_metrics_with_outcomes(path, START_KEY), f"read back from {path}"
     log.warning("eval.at_start: %s is missing (a run started before it was kept there): results.json has no "
                 "%s; a fresh run (overwrite=true) evaluates the start again", path, START_KEY)
-    return {}
+    return {}, "missing"
+
+
+def _start_cache(cfg: TextRunConfig) -> tuple[Path, str, dict[str, Any]] | None:
+    """(cache folder, key, the key's inputs) where `eval.start_cache` is set and the model is a local folder."""
+    if not cfg.eval.start_cache:
+        return None
+    folder = Path(resolve_model_path(cfg.model.name))
+    if not folder.is_dir():
+        log.info("eval.start_cache: %s is not a local folder; its start is evaluated, not cached", cfg.model.name)
+        return None
+    key, inputs = start_key(cfg, folder)
+    return Path(cfg.eval.start_cache), key, inputs
 
 
 def format_train_table(results: dict[str, Any]) -> str:

@@ -238,6 +238,37 @@ def test_a_resumed_run_ends_like_the_unbroken_one_and_still_reports_its_start(tm
     assert old["zero_shot"] == {} and "zero_shot.json is missing" in caplog.text
 
 
+def test_the_start_cache_shares_a_start_evaluation_among_seeds(tmp_path):
+    """eval.start_cache: the second seed of a mode copies the first's start evaluation (per-query values
+    included) instead of evaluating again, and that copy is what it would have computed; another mode's
+    scorer is another key (evaluated anew); the key's inputs are kept beside the entry."""
+    from magclip.metrics.ranks import load_query_values, queries_path
+
+    cache = tmp_path / "start_cache"
+    overrides = toy_run(tmp_path, 24, "train.max_steps=1", "eval.at_start=true", "eval.length_bins=2")
+    config = ROOT / "configs" / "text" / "scifact.yaml"
+
+    def run(name: str, *extra: str) -> dict:
+        return train_text(load_text_config(config, [*overrides, f"name={name}", *extra]))
+
+    first = run("s0", f"eval.start_cache={cache}")
+    second = run("s1", f"eval.start_cache={cache}", "train.seed=1")
+    other_mode = run("dnorm", f"eval.start_cache={cache}", "loss.mode=dnorm")
+    uncached = run("s1_uncached", "train.seed=1")
+    assert first["zero_shot_source"] == "evaluated" and other_mode["zero_shot_source"] == "evaluated"
+    assert second["zero_shot_source"].startswith(f"copied from {cache}")
+    assert uncached["zero_shot_source"] == "evaluated"
+    assert numbers(second["zero_shot"]) == numbers(first["zero_shot"]) == numbers(uncached["zero_shot"])
+    assert numbers(other_mode["zero_shot"]) != numbers(first["zero_shot"])     # dnorm scores STS otherwise
+    copied, computed = (load_query_values(queries_path(tmp_path / "runs" / n / "zero_shot.json"))
+                        for n in ("s1", "s1_uncached"))
+    assert sorted(copied) == sorted(computed) and any(k.startswith("zero_shot.toy/") for k in copied)
+    for key in computed:
+        assert np.array_equal(copied[key], computed[key], equal_nan=not key.endswith("#items")), key
+    entries = sorted(p for p in cache.iterdir())
+    assert len(entries) == 2 and all((e / "key.json").is_file() and (e / "zero_shot.json").is_file() for e in entries)
+
+
 def test_an_evaluation_at_a_chosen_step_pairs_with_the_final_one(tmp_path):
     """train.val_at=[2]: the run evaluates the model of step 2 (the step-2 checkpoint's, evaluated again
     afterwards, gives the same per-query values) into evals/step_00000002.json under results.json's keys,
