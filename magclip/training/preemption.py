@@ -41,7 +41,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from magclip.config import parse_duration, signal_numbers
 
@@ -133,7 +133,7 @@ class StopGuard:
         it starts uses that one), None when none does."""
         return _ACTIVE[0]
 
-    def install(self) -> Self:
+    def install(self) -> StopGuard:
         """Take over the signals (main thread only: where Python runs signal handlers)."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -147,7 +147,7 @@ class StopGuard:
         if _ACTIVE[0] is self:
             _ACTIVE[0] = self._outer
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StopGuard:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
