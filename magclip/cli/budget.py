@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="a JSON file for the points")
     args = parser.parse_args(argv)
 
-    from magclip.experiments.budget import as_records, budget_points, markdown, plot_budget
+    from magclip.experiments.budget import as_curves, as_records, budget_points, markdown, plot_budget
     from magclip.experiments.grid import load_grid
     from magclip.io import atomic_write_json, atomic_write_text
 
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_text(args.report, f"# {grid.name}: the budget curve\n\nEach mode − {baseline} after each "
                           f"evaluated step, paired by seed and query.{shown}\n\n{table}\n")
     if args.out:
-        atomic_write_json(args.out, {"grid": args.grid, "baseline": baseline, "points": as_records(points)})
+        atomic_write_json(args.out, {"grid": args.grid, "baseline": baseline, "points": as_records(points),
+                                     **as_curves(points)})
 
 
 console = as_command(main)

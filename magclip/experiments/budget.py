@@ -251,3 +251,15 @@ def _minus(text: str) -> str:
 
 def as_records(points: Sequence[BudgetPoint]) -> list[dict[str, Any]]:
     return [asdict(p) for p in points]
+
+
+def as_curves(points: Sequence[BudgetPoint]) -> dict[str, Any]:
+    """The points keyed for lookups (a results page's `{{num FILE curves.KEY.MODE.STEP.diff}}`):
+    {"curves": {column: {mode: {step: point}}}, "answers": {column: {mode: trend}}}."""
+    curves: dict[str, dict[str, dict[str, Any]]] = {}
+    for p in points:
+        curves.setdefault(p.key, {}).setdefault(p.mode, {})[str(p.step)] = asdict(p)
+    found: dict[str, dict[str, str]] = {}
+    for (key, mode), answer in answers(points).items():
+        found.setdefault(key, {})[mode] = answer
+    return {"curves": curves, "answers": found}

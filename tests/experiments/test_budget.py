@@ -53,7 +53,11 @@ def test_the_command_writes_table_answers_and_figure(long_grid, tmp_path):
     text = report.read_text()
     assert "| val toybeir ndcg@10 | dot | 3 | 1 |" in text and "- val toysts spearman, dot − cosine:" in text
     assert "| val toybeir ndcg@10 | dot | 0 | 1 |" in text
-    assert figure.stat().st_size > 5000 and len(json.loads(out.read_text())["points"]) == 6
+    written = json.loads(out.read_text())
+    assert figure.stat().st_size > 5000 and len(written["points"]) == 6
+    at_3 = next(p for p in written["points"] if p["key"] == NDCG and p["step"] == 3)
+    assert written["curves"][NDCG]["dot"]["3"] == at_3          # keyed for the results page's lookups
+    assert written["answers"][NDCG]["dot"] == trend([BudgetPoint(**p) for p in written["points"] if p["key"] == NDCG])
 
 
 def point(step, diff, low, high, decided=None):
