@@ -13,6 +13,7 @@ queries are refused. --out writes the records as JSON.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from magclip.cli import as_command
 from magclip.experiments import stats
@@ -28,11 +29,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", nargs="*", help="metrics (default: the grid's metrics.* columns)")
     parser.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap and permutation draws")
     parser.add_argument("--report", help="a Markdown file for the table")
-    parser.add_argument("--out", help="a JSON file for the records")
+    parser.add_argument("--out", help="a JSON file for the records (a list, and keyed: by_key.KEY.START.MODE)")
+    parser.add_argument("--figure", help="a PNG: each mode's gain from both starts and I with its interval")
     args = parser.parse_args(argv)
+    command = sys.argv[1:] if argv is None else argv
 
     from magclip.experiments.grid import load_grid
-    from magclip.experiments.interaction import grid_runs, interaction, markdown_table
+    from magclip.experiments.interaction import (
+        as_lookup,
+        grid_runs,
+        interaction,
+        markdown_table,
+        plot_interaction,
+    )
     from magclip.io import atomic_write_json, atomic_write_text
 
     grid = load_grid(args.grid)
@@ -48,14 +57,18 @@ def main(argv: list[str] | None = None) -> None:
                          higher_is_better=getattr(columns.get(key), "better", "max") != "min")
              for key in keys for start in axes[args.start_axis] if start != args.baseline_start
              for mode in axes[args.mode_axis] if mode != args.baseline_mode]
-    table = markdown_table(found, scale=grid.scale or 1.0)
+    scales = {k: c.scale for k, c in columns.items()}
+    table = markdown_table(found, scales)
     print(table)
     if args.report:
         atomic_write_text(args.report, f"# {grid.name}: start × mode interaction\n\nI = (mode − {args.baseline_mode} "
                           f"| start) − (mode − {args.baseline_mode} | {args.baseline_start} start), paired by seed and "
-                          f"query; values ×{grid.scale:g}.\n\n{table}\n\n`{' '.join(['python eval/interaction.py', *(argv or [])])}`\n")
+                          f"query; each metric in its column's scale (×{grid.scale:g} for a 0–1 metric).\n\n{table}\n\n`{' '.join(['python eval/interaction.py', *command])}`\n")
     if args.out:
-        atomic_write_json(args.out, {"grid": args.grid, "records": [x.to_dict() for x in found]})
+        atomic_write_json(args.out, {"grid": args.grid, "records": [x.to_dict() for x in found],
+                                     "by_key": as_lookup(found)})
+    if args.figure:
+        plot_interaction(found, args.figure, labels={k: c.label for k, c in columns.items()}, scales=scales)
 
 
 console = as_command(main)

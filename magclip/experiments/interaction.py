@@ -121,12 +121,13 @@ def _seed_order(seed: str) -> tuple[float, str]:
     return (int(seed), "") if seed.lstrip("-").isdigit() else (math.inf, seed)
 
 
-def markdown_table(found: Sequence[Interaction], scale: float = 100.0, digits: int = 2) -> str:
+def markdown_table(found: Sequence[Interaction], scales: Mapping[str, float] | None = None, digits: int = 2) -> str:
+    """One row per interaction; each metric in its column's scale (×100 for a 0–1 metric, ×1 for Cohen's d)."""
     lines = [("| metric | mode | start | gap from this start | gap from the baseline start | I | 95 % CI (seeds) "
               "| 95 % CI (queries) | p (queries) | MDE (80 % power) | seeds | verdict |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in found:
-        c = x.comparison
+        c, scale = x.comparison, (scales or {}).get(x.key, 100.0)
         item = _ci(c.item_low, c.item_high, scale, digits) if c.n_items else "–"
         lines.append(f"| {x.key} | {x.mode} | {x.start} | {signed(x.gap_at_start, scale, digits)} "
                      f"| {signed(x.gap_at_baseline_start, scale, digits)} | {signed(c.diff, scale, digits)} "
@@ -141,5 +142,52 @@ def _ci(low: float, high: float, scale: float, digits: int) -> str:
     return "–" if math.isnan(low) or math.isnan(high) else interval(low, high, scale, digits)
 
 
-__all__ = ["LARGER", "SMALLER", "Interaction", "RunOutcomes", "grid_runs", "interaction", "markdown_table",
-           "read_run"]
+def as_lookup(found: Sequence[Interaction]) -> dict[str, Any]:
+    """The records keyed for a results page's `{{num FILE by_key.KEY.START.MODE.diff}}`."""
+    by_key: dict[str, dict[str, dict[str, Any]]] = {}
+    for x in found:
+        by_key.setdefault(x.key, {}).setdefault(x.start, {})[x.mode] = x.to_dict()
+    return by_key
+
+
+def plot_interaction(found: Sequence[Interaction], path: str | Path, labels: Mapping[str, str] | None = None,
+                     scales: Mapping[str, float] | None = None) -> Path | None:
+    """One panel per metric: each mode's gain over the baseline mode from the baseline start and from
+    the other start (seed means), and I with its 95 % interval (over queries where the metric has
+    per-query values, else over seeds), so the figure shows what the table's verdict rests on."""
+    from magclip.diagnostics.plots import pyplot, save_figure
+
+    keys = list(dict.fromkeys(x.key for x in found))
+    if not keys:
+        return None
+    plt = pyplot()
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        shown, scale = [x for x in found if x.key == key], (scales or {}).get(key, 100.0)
+        at = np.arange(len(shown), dtype=np.float64)
+        ax.scatter(at - 0.2, [x.gap_at_baseline_start * scale for x in shown], marker="o", color="tab:grey",
+                   label="mode − baseline mode, baseline start")
+        ax.scatter(at, [x.gap_at_start * scale for x in shown], marker="^", color="tab:blue",
+                   label="mode − baseline mode, this start")
+        for i, x in enumerate(shown):
+            c = x.comparison
+            low, high = (c.item_low, c.item_high) if c.n_items else (c.seed_low, c.seed_high)
+            err = None if math.isnan(low) else [[(c.diff - low) * scale], [(high - c.diff) * scale]]
+            ax.errorbar([i + 0.2], [c.diff * scale], yerr=err, marker="s", color="tab:red", capsize=3, ls="none",
+                        label="I (95 % CI)" if i == 0 else None)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xlim(-0.6, len(shown) - 0.4)
+        ax.set_xticks(at, [f"{x.mode}\n{x.start} start" for x in shown], fontsize=7)
+        ax.set_title((labels or {}).get(key, key), fontsize=9)
+        ax.set_ylabel(f"×{scale:g}" if scale != 1 else "")
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+__all__ = ["LARGER", "SMALLER", "Interaction", "RunOutcomes", "as_lookup", "grid_runs", "interaction",
+           "markdown_table", "plot_interaction", "read_run"]

@@ -64,10 +64,13 @@ def test_runs_evaluated_on_other_queries_are_refused(geometry_grid):
 
 def test_the_command_writes_the_table(geometry_grid, tmp_path):
     _, path = geometry_grid
-    report, out = tmp_path / "interaction.md", tmp_path / "interaction.json"
+    report, out, figure = tmp_path / "interaction.md", tmp_path / "interaction.json", tmp_path / "interaction.png"
     interaction_main(["--grid", str(path), "--baseline-start", "cosine_start", "--resamples", "200",
-                      "--report", str(report), "--out", str(out)])
-    records = json.loads(out.read_text())["records"]
+                      "--report", str(report), "--out", str(out), "--figure", str(figure)])
+    written = json.loads(out.read_text())
+    records = written["records"]
+    assert written["by_key"][NDCG]["dot_start"]["dnorm"] == records[0]
+    assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     assert [(r["key"], r["start"], r["mode"]) for r in records] == [
         (NDCG, "dot_start", "dnorm"), ("metrics.toysts/spearman", "dot_start", "dnorm")]
     assert "| metrics.toybeir/ndcg@10 | dnorm | dot_start |" in report.read_text()
