@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
                          higher_is_better=getattr(columns.get(key), "better", "max") != "min")
              for key in keys for start in axes[args.start_axis] if start != args.baseline_start
              for mode in axes[args.mode_axis] if mode != args.baseline_mode]
-    scales = {k: c.scale for k, c in columns.items()}
-    table = markdown_table(found, scales)
+    scales, labels = {k: c.scale for k, c in columns.items()}, {k: c.label for k, c in columns.items()}
+    table = markdown_table(found, scales, labels)
     print(table)
     if args.report:
         atomic_write_text(args.report, f"# {grid.name}: start × mode interaction\n\nI = (mode − {args.baseline_mode} "
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_json(args.out, {"grid": args.grid, "records": [x.to_dict() for x in found],
                                      "by_key": as_lookup(found)})
     if args.figure:
-        plot_interaction(found, args.figure, labels={k: c.label for k, c in columns.items()}, scales=scales)
+        plot_interaction(found, args.figure, labels=labels, scales=scales)
 
 
 console = as_command(main)

@@ -121,7 +121,8 @@ def _seed_order(seed: str) -> tuple[float, str]:
     return (int(seed), "") if seed.lstrip("-").isdigit() else (math.inf, seed)
 
 
-def markdown_table(found: Sequence[Interaction], scales: Mapping[str, float] | None = None, digits: int = 2) -> str:
+def markdown_table(found: Sequence[Interaction], scales: Mapping[str, float] | None = None,
+                   labels: Mapping[str, str] | None = None, digits: int = 2) -> str:
     """One row per interaction; each metric in its column's scale (×100 for a 0–1 metric, ×1 for Cohen's d)."""
     lines = [("| metric | mode | start | gap from this start | gap from the baseline start | I | 95 % CI (seeds) "
               "| 95 % CI (queries) | p (queries) | MDE (80 % power) | seeds | verdict |"),
@@ -129,7 +130,7 @@ def markdown_table(found: Sequence[Interaction], scales: Mapping[str, float] | N
     for x in found:
         c, scale = x.comparison, (scales or {}).get(x.key, 100.0)
         item = _ci(c.item_low, c.item_high, scale, digits) if c.n_items else "–"
-        lines.append(f"| {x.key} | {x.mode} | {x.start} | {signed(x.gap_at_start, scale, digits)} "
+        lines.append(f"| {(labels or {}).get(x.key, x.key)} | {x.mode} | {x.start} | {signed(x.gap_at_start, scale, digits)} "
                      f"| {signed(x.gap_at_baseline_start, scale, digits)} | {signed(c.diff, scale, digits)} "
                      f"| {_ci(c.seed_low, c.seed_high, scale, digits)} | {item} "
                      f"| {format_p(c.p_items) if c.n_items else '–'} "

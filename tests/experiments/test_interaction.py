@@ -12,7 +12,7 @@ from builders import make_tiny_bert, toy_text_grid
 
 from magclip.cli.interaction import main as interaction_main
 from magclip.experiments import stats
-from magclip.experiments.grid import load_grid
+from magclip.experiments.grid import default_label, load_grid
 from magclip.experiments.interaction import LARGER, SMALLER, grid_runs, interaction
 from magclip.experiments.runner import run_grid
 from magclip.metrics.ranks import DIGEST_MARK
@@ -73,4 +73,4 @@ def test_the_command_writes_the_table(geometry_grid, tmp_path):
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     assert [(r["key"], r["start"], r["mode"]) for r in records] == [
         (NDCG, "dot_start", "dnorm"), ("metrics.toysts/spearman", "dot_start", "dnorm")]
-    assert "| metrics.toybeir/ndcg@10 | dnorm | dot_start |" in report.read_text()
+    assert f"| {default_label(NDCG)} | dnorm | dot_start |" in report.read_text()   # the column's label
