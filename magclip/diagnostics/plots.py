@@ -3,6 +3,7 @@ backend (a training node or CI has no display) and an atomic save, so a reader n
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +29,14 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     pyplot().close(fig)
     tmp.replace(path)
     return path
+
+
+def panels(n: int, cols: int = 3) -> tuple[Any, list[Any]]:
+    """A figure of `n` panels, up to `cols` a row, and its first `n` axes (the rest hidden): one
+    panel per metric, as the budget and interaction figures draw."""
+    cols = max(1, min(cols, n))
+    rows = math.ceil(n / cols)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)[:n]

@@ -183,18 +183,15 @@ def answers(points: Sequence[BudgetPoint]) -> dict[tuple[str, str], str]:
 def plot_budget(points: Sequence[BudgetPoint], path: str | Path, labels: dict[str, str] | None = None,
                 scale: float = 100.0) -> Path | None:
     """mode − baseline against steps (log axis) with its 95 % band, one panel per column."""
-    from magclip.diagnostics.plots import pyplot, save_figure
+    from magclip.diagnostics.plots import panels, save_figure
 
     keys = list(dict.fromkeys(p.key for p in points))
     if not keys:
         return None
-    plt = pyplot()
-    cols = min(3, len(keys))
-    rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = panels(len(keys))
     trained = [p.step for p in points if p.step != START_STEP]
     start_x = min(trained) / 3 if trained else 1.0    # where the start is drawn, left of the log axis
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes, keys):
         for mode in dict.fromkeys(p.mode for p in points if p.key == key):
             pts = sorted((p for p in points if p.key == key and p.mode == mode), key=lambda p: p.step)
             line, = ax.plot([p.step for p in pts if p.step != START_STEP],
@@ -216,8 +213,6 @@ def plot_budget(points: Sequence[BudgetPoint], path: str | Path, labels: dict[st
         ax.set_title((labels or {}).get(key, key), fontsize=9)
         ax.set_ylabel(f"mode − baseline (×{scale:g})" if scale != 1 else "mode − baseline")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -225,8 +220,8 @@ def plot_budget(points: Sequence[BudgetPoint], path: str | Path, labels: dict[st
 def markdown(points: Sequence[BudgetPoint], baseline: str, labels: dict[str, str] | None = None,
              scales: dict[str, float] | None = None, digits: int = 2) -> str:
     """One table of every point, then the one-line answers."""
-    lines = [f"| set / metric | mode | step (0: the start) | seeds | {baseline} | mode | Δ | 95 % CI "
-             "| p (queries) | gap |",
+    lines = [(f"| set / metric | mode | step (0: the start) | seeds | {baseline} | mode | Δ | 95 % CI "
+              "| p (queries) | gap |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     order = {key: i for i, key in enumerate(dict.fromkeys(p.key for p in points))}
     for p in sorted(points, key=lambda p: (order[p.key], p.mode, p.step)):     # each set's curve together

@@ -156,16 +156,13 @@ def plot_interaction(found: Sequence[Interaction], path: str | Path, labels: Map
     """One panel per metric: each mode's gain over the baseline mode from the baseline start and from
     the other start (seed means), and I with its 95 % interval (over queries where the metric has
     per-query values, else over seeds), so the figure shows what the table's verdict rests on."""
-    from magclip.diagnostics.plots import pyplot, save_figure
+    from magclip.diagnostics.plots import panels, save_figure
 
     keys = list(dict.fromkeys(x.key for x in found))
     if not keys:
         return None
-    plt = pyplot()
-    cols = min(3, len(keys))
-    rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    fig, axes = panels(len(keys))
+    for ax, key in zip(axes, keys):
         shown, scale = [x for x in found if x.key == key], (scales or {}).get(key, 100.0)
         at = np.arange(len(shown), dtype=np.float64)
         ax.scatter(at - 0.2, [x.gap_at_baseline_start * scale for x in shown], marker="o", color="tab:grey",
@@ -184,8 +181,6 @@ def plot_interaction(found: Sequence[Interaction], path: str | Path, labels: Map
         ax.set_title((labels or {}).get(key, key), fontsize=9)
         ax.set_ylabel(f"×{scale:g}" if scale != 1 else "")
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.set_visible(False)
     fig.tight_layout()
     return save_figure(fig, path)
 
