@@ -57,8 +57,8 @@ class Interaction:
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "start": self.start, "mode": self.mode, "gap_at_start": self.gap_at_start,
-                "gap_at_baseline_start": self.gap_at_baseline_start, "verdict": self.verdict,
-                **self.comparison.to_dict()}
+                "gap_at_baseline_start": self.gap_at_baseline_start,
+                **self.comparison.to_dict(), "verdict": self.verdict}   # the interaction's wording, not better/worse
 
 
 def read_run(name: str, results: str | Path) -> RunOutcomes:

@@ -70,6 +70,7 @@ def test_the_command_writes_the_table(geometry_grid, tmp_path):
     written = json.loads(out.read_text())
     records = written["records"]
     assert written["by_key"][NDCG]["dot_start"]["dnorm"] == records[0]
+    assert records[0]["verdict"] in (LARGER, SMALLER, stats.NO_DIFFERENCE)   # the interaction's wording
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     assert [(r["key"], r["start"], r["mode"]) for r in records] == [
         (NDCG, "dot_start", "dnorm"), ("metrics.toysts/spearman", "dot_start", "dnorm")]
