@@ -24,9 +24,11 @@ from magclip.modes import LOSS_TYPES, MODES, TEXT_COSINE_SCALE, check_mode, reso
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")  # auto: bf16 where the device computes it natively, else fp32
 EVAL_PRECISIONS = ("fp32", "bf16", "auto")     # encoding precision of evaluations (the commands' --precision)
+SIGLIP_DIST_IMPLS = ("bidir", "shift", "reduce", "gather")  # open_clip's SigLipLoss(dist_impl=...) names
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")  # train.optimizer_impl (magclip.training.levers)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
+SHARDINGS = ("ddp", "fsdp")  # train.sharding (magclip.training.sharding)
 RESUME_WORDS = ("latest", "auto")  # train.resume: the newest checkpoint (required / if there is one)
 # train.report_to: tensorboard is magclip's own writer, the others accelerate's trackers (training/trackers.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -43,7 +45,7 @@ RESUMABLE_KEYS = (
     "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
     "train.compile", "train.compile_mode", "train.report_to", "train.save_on_signal", "train.time_limit",
-    "loss.logit_scale_from_norms", "eval.start_cache",
+    "loss.logit_scale_from_norms", "eval.start_cache", "loss.dist_impl", "train.sharding",
 )
 RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
@@ -53,7 +55,14 @@ RESUME_CAVEATS = {
     **{f"train.{k}": "a speed lever: the run continues the same experiment, rounded differently from an unbroken run"
        for k in ("optimizer_impl", "channels_last", "compile", "compile_mode")},
     "loss.logit_scale_from_norms": "a starting point only: the resumed run keeps its checkpoint's scale",
+    "loss.dist_impl": "a memory lever: the same loss and gradients, summed in another order",
+    "train.sharding": "a memory lever: the same training, its gradient reductions summed in another order",
 }
+# where a sample's captions are (magclip.data.captions) and which retrieved item is a hit (magclip.metrics.relevance)
+CAPTION_KEY = re.compile(r"^(txt|json:[^.\s]+(\.[^.\s]+)*)$")
+CAPTION_KEY_HELP = ("use 'txt' (KEY.txt, one caption a line) or 'json:FIELD' (a KEY.json field holding a caption or a "
+                    "list of captions; 'json:a.b' inside nested objects)")
+MATCHINGS = ("caption", "image")
 POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
 
 
@@ -82,13 +91,16 @@ class SyntheticConfig:
 class DataConfig:
     train: str | None = None          # shard URLs (brace patterns, sources joined by '::'); None = synthetic
     val: str | None = None            # validation shards: periodic validation and the final table
-    eval_sets: dict[str, str] = field(default_factory=dict)  # more named shard sets scored at the end
+    eval_sets: dict[str, str] = field(default_factory=dict)  # more named sets scored at the end (shards, CLIP_benchmark
+                                      # folders: their test split, Karpathy split files over their folder's images)
     train_weights: str | None = None  # per-source weights, '::'-separated
     num_samples: int | None = None    # samples per epoch (global); None = one pass over train
     resampled: bool = False
     shuffle_buffer: int = 5000        # samples per loader worker, encoded (~23 KB each at 224-px JPEG): open_clip_train's
                                       # 5,000; measured against 1,000 in benchmarks/README.md (learning quality)
     workers: int = 2
+    caption_key: str = "txt"          # where captions are: txt (KEY.txt, one caption a line) or json:FIELD (a KEY.json
+                                      # field: a caption or a list); training draws one per sample and epoch
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -112,11 +124,13 @@ class LossConfig:
                                                 # the measured default (siglip with a raw side: yes; see temperature.py)
     logit_bias_init: float | None = None      # siglip: None = -10 (open_clip's SigLIP init, every mode)
     logit_bias_learnable: bool = True
+    dist_impl: str = "bidir"                  # siglip across ranks: bidir/shift/reduce exchange features with the
+                                              # neighbours (open_clip's), gather gathers them all (SigLIPLoss)
 
 
 # keys of one loss type only, with the value they must keep under the other (a set one is an error)
 CLIP_ONLY_KEYS = {"i2t": "cosine", "t2i": "cosine", "i2t_weight": 1.0, "t2i_weight": 1.0, "share_learnable": False}
-SIGLIP_ONLY_KEYS = {"mode": "cosine", "logit_bias_init": None, "logit_bias_learnable": True}
+SIGLIP_ONLY_KEYS = {"mode": "cosine", "logit_bias_init": None, "logit_bias_learnable": True, "dist_impl": "bidir"}
 
 
 @dataclass
@@ -139,6 +153,8 @@ class TrainConfig:
     compile: bool = False             # torch.compile the towers (a cold compile costs minutes on a CPU)
     compile_mode: str = "default"
     accum_freq: int = 1               # micro-batches per step; negatives span all of them (feature cache)
+    sharding: str = "ddp"             # ddp: a full replica per process; fsdp: parameters, gradients and optimizer state
+                                      # sharded across processes (FSDP2, magclip.training.sharding)
     grad_clip: float | None = 1.0
     seed: int = 0
     log_every: int = 10
@@ -185,6 +201,9 @@ class RunFolder:
 class ClipEvalConfig:
     precision: str = "fp32"           # encoding precision of the run's validation and eval_sets, whatever
                                       # train.precision is, so R@1 compares across machines: fp32 / bf16 / auto
+    matching: str | None = None       # retrieval relevance of data.val and data.eval_sets: caption (identity), image
+                                      # (CLIP_benchmark's: a caption is relevant to its own image only), or null: each
+                                      # set's layout's (image for CLIP_benchmark folders and Karpathy files, else caption)
 
 
 @dataclass
@@ -275,22 +294,27 @@ class TextRunConfig(RunFolder):
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 schema: type = RunConfig) -> Any:
     """Read a YAML config (or the defaults), apply `key.sub=value` overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exn:
-            raise ConfigError(f"{path}: not valid YAML{_yaml_where(exn)}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    raw = read_yaml_mapping(path, "config file") if path is not None else {}
     for item in overrides or []:
         _apply_override(raw, item)
     cfg = from_dict(schema, raw)
     validate(cfg)
     return cfg
+
+
+def read_yaml_mapping(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (empty: {}); a missing file, bad YAML or another top level is a
+    ConfigError naming the file (and where the YAML breaks)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exn:
+        raise ConfigError(f"{path}: not valid YAML{_yaml_where(exn)}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    return raw
 
 
 def load_text_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TextRunConfig:
@@ -416,11 +440,19 @@ def validate(cfg: Any) -> None:
     if isinstance(cfg, RunConfig):
         _check_clip_loss(cfg.loss)
         _check_eval_precision(cfg.eval.precision)
+        _check_captions(cfg)
     elif isinstance(cfg, TextRunConfig):
         _check_text(cfg)
     else:
         return
     _check_train(cfg.train)
+
+
+def _check_captions(cfg: RunConfig) -> None:
+    if not CAPTION_KEY.match(cfg.data.caption_key):
+        raise ConfigError(f"data.caption_key={cfg.data.caption_key!r}: {CAPTION_KEY_HELP}")
+    if cfg.eval.matching is not None and cfg.eval.matching not in MATCHINGS:
+        raise ConfigError(f"eval.matching={cfg.eval.matching!r}; allowed: {', '.join(MATCHINGS)}")
 
 
 def _check_clip_loss(loss: LossConfig) -> None:
@@ -437,12 +469,22 @@ def _check_clip_loss(loss: LossConfig) -> None:
     if loss.type == "siglip":
         _check_mode("loss.mode", loss.mode)
         _check_exponents(loss, [loss.mode])
+        _check_siglip_dist_impl(loss)
         return
     for direction in ("i2t", "t2i"):
         _check_mode(f"loss.{direction}", getattr(loss, direction), allow_none=True)
     if loss.i2t is None and loss.t2i is None:
         raise ConfigError("loss.i2t and loss.t2i are both null: keep at least one direction")
     _check_exponents(loss, [m for m in (loss.i2t, loss.t2i) if m is not None])
+
+
+def _check_siglip_dist_impl(loss: LossConfig) -> None:
+    """An exchange always carries the gradient (open_clip's); only the gather has a detached form."""
+    if loss.dist_impl not in SIGLIP_DIST_IMPLS:
+        raise ConfigError(f"loss.dist_impl={loss.dist_impl!r}; allowed: {', '.join(SIGLIP_DIST_IMPLS)}")
+    if not loss.gather_with_grad and loss.dist_impl != "gather":
+        raise ConfigError(f"loss.gather_with_grad=false needs loss.dist_impl=gather (got {loss.dist_impl!r}): "
+                          "the neighbour exchange always carries the gradient")
 
 
 def _check_mode(key: str, mode: str | None, allow_none: bool = False) -> None:
@@ -466,6 +508,15 @@ def _check_exponents(loss: Any, modes: list[str]) -> None:
 def _check_train(train: TrainConfig) -> None:
     if train.precision not in PRECISIONS:
         raise ConfigError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if train.sharding not in SHARDINGS:
+        raise ConfigError(f"train.sharding={train.sharding!r}; allowed: {', '.join(SHARDINGS)}")
+    if train.sharding == "fsdp":
+        if train.precision == "fp16":
+            raise ConfigError("train.sharding=fsdp with train.precision=fp16: fp16 needs a loss scaler that sharded "
+                              "gradients do not have here; use bf16 (or fp32)")
+        if train.compile:
+            raise ConfigError("train.sharding=fsdp with train.compile=true: compiling sharded towers is not supported "
+                              "yet; use train.compile=false")
     if train.optimizer_impl not in OPTIMIZER_IMPLS:
         raise ConfigError(f"train.optimizer_impl={train.optimizer_impl!r}; allowed: {', '.join(OPTIMIZER_IMPLS)}")
     if train.compile_mode not in COMPILE_MODES:

@@ -16,10 +16,11 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,125 @@ def all_gather_no_grad(x: torch.Tensor, keep_local_grad: bool = True) -> torch.T
     return torch.cat(parts, dim=0)
 
 
+EXCHANGES = ("bidir", "shift", "reduce")  # open_clip's SigLipLoss(dist_impl=...) forms without an all-gather
+
+
+def exchanged_blocks(x: torch.Tensor, how: str = "bidir") -> Iterator[tuple[int, torch.Tensor]]:
+    """(source rank, that rank's `x`) for every rank, this rank's own included, one block at a time.
+
+    open_clip's SigLipLoss exchanges instead of gathering, so that a consumer scoring each block as it
+    arrives holds one or two neighbours' features at a time rather than all of them (what autograd
+    saves for backward is the consumer's affair). Every block is differentiable: gradients travel
+    back to the rank that sent it. 'bidir' passes blocks both ways round the ring, 'shift' one way,
+    'reduce' broadcasts each rank's block by an all-reduce; every rank must use every block in its
+    loss, since the backward exchanges are collectives that all ranks must join. Blocks need equal
+    shapes on every rank.
+    """
+    if how not in EXCHANGES:
+        raise ValueError(f"unknown exchange {how!r}; allowed: {', '.join(EXCHANGES)}")
+    if not is_distributed() or world_size() == 1:
+        yield rank(), x
+        return
+    if how == "reduce":
+        yield from _blocks_by_reduce(x)
+        return
+    yield rank(), x
+    yield from (_blocks_by_bidir(x) if how == "bidir" else _blocks_by_shift(x))
+
+
+def _blocks_by_shift(x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """W-1 hops to the right: after hop k this rank holds the block of rank - k."""
+    me, w = rank(), world_size()
+    left, right = (me - 1) % w, (me + 1) % w
+    block = x
+    for hop in range(1, w):
+        block = _ShiftRight.apply(left, right, block)
+        yield (me - hop) % w, block
+
+
+def _blocks_by_bidir(x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """Hops both ways at once (half the hops of 'shift'); an even world ends with one hop to the right.
+    open_clip's order: the right neighbour's block, then the left one's."""
+    me, w = rank(), world_size()
+    left, right = (me - 1) % w, (me + 1) % w
+    to_left = to_right = x
+    both_ways, one_more = divmod(w - 1, 2)
+    for hop in range(1, both_ways + 1):  # only for w >= 3, so left != right
+        from_left, from_right = _Swap.apply(left, right, to_left, to_right)
+        yield (me + hop) % w, from_right
+        yield (me - hop) % w, from_left
+        to_left, to_right = from_right, from_left
+    if one_more:
+        yield (me - both_ways - 1) % w, _ShiftRight.apply(left, right, to_right)
+
+
+def _blocks_by_reduce(x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    """Rank order; block r is the sum over ranks of x masked to rank r (exact: the others add zeros).
+
+    The mask multiplies rather than replaces, so every rank's copy stays in the graph and every rank
+    joins every backward all-reduce; this rank's own block is the all-reduced copy for the same reason."""
+    import torch.distributed.nn.functional as dist_fn
+
+    me = rank()
+    for source in range(world_size()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.distributed.nn is deprecated; see all_gather_with_grad
+            block = dist_fn.all_reduce(x * (me == source))
+        yield source, block
+
+
+def _send_receive(sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """Point-to-point: each (tensor, peer) of `sends` to its peer; one tensor shaped like the given one from
+    each peer of `receives`, in that order."""
+    out = [torch.empty_like(like, memory_format=torch.contiguous_format) for like, _ in receives]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, buf, peer) for buf, (_, peer) in zip(out, receives)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return out
+
+
+class _ShiftRight(torch.autograd.Function):
+    """x to the right neighbour, the left neighbour's x back; the gradient goes back the way it came
+    (open_clip's NeighbourExchange)."""
+
+    @staticmethod
+    def forward(ctx, left: int, right: int, x: torch.Tensor) -> torch.Tensor:
+        ctx.left, ctx.right = left, right
+        return _send_receive([(x, right)], [(x, left)])[0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        return None, None, _send_receive([(grad, ctx.left)], [(grad, ctx.right)])[0]
+
+
+class _Swap(torch.autograd.Function):
+    """One block to each neighbour, one from each, at once (open_clip's NeighbourExchangeBidir); needs
+    left != right. Returns (from the left, from the right); backward is the same swap of the gradients."""
+
+    @staticmethod
+    def forward(ctx, left: int, right: int, to_left: torch.Tensor,
+                to_right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.left, ctx.right = left, right
+        return tuple(_send_receive([(to_left, left), (to_right, right)], [(to_right, left), (to_left, right)]))
+
+    @staticmethod
+    def backward(ctx, grad_from_left: torch.Tensor,
+                 grad_from_right: torch.Tensor) -> tuple[None, None, torch.Tensor, torch.Tensor]:
+        to_left, to_right = _send_receive([(grad_from_left, ctx.left), (grad_from_right, ctx.right)],
+                                          [(grad_from_left, ctx.left), (grad_from_right, ctx.right)])
+        return None, None, to_left, to_right
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """The mean of `x` over ranks, without gradient (`x` itself without a process group)."""
+    if not is_distributed():
+        return x.detach()
+    total = x.detach().clone()
+    dist.all_reduce(total)
+    return total / world_size()
+
+
 # ---------------------------------------------------------------------------- the ranks of a run, and losing one
 #
 # A multi-node run fails as a whole when one rank is lost (killed, frozen, cut off): the others'
@@ -106,7 +226,7 @@ class Peer:
 
 
 _peers: list[Peer] = []
-_heartbeat: "Heartbeat | None" = None
+_heartbeat: Heartbeat | None = None
 
 
 def local_addresses() -> tuple[str, ...]:
@@ -126,8 +246,17 @@ def parameters_digest(module: torch.nn.Module) -> str:
 
     Buffers are left out on purpose: DDP broadcasts them from rank 0 at each forward, so after the
     last step a rank's BatchNorm running statistics hold its own last batch (checkpoints take rank 0's)."""
+    return _digest(sorted(module.named_parameters(), key=lambda item: item[0]))
+
+
+def tensors_digest(tensors: Sequence[torch.Tensor]) -> str:
+    """sha256 of the tensors' bytes, in order (unnamed: `parameters_digest` for a module)."""
+    return _digest([(str(i), t) for i, t in enumerate(tensors)])
+
+
+def _digest(named: Sequence[tuple[str, torch.Tensor]]) -> str:
     h = hashlib.sha256()
-    for name, p in sorted(module.named_parameters(), key=lambda item: item[0]):
+    for name, p in named:
         h.update(name.encode())
         h.update(p.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -196,7 +325,7 @@ class Heartbeat:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
 
     @classmethod
-    def start(cls) -> "Heartbeat | None":
+    def start(cls) -> Heartbeat | None:
         """None when no store answers: a lost rank is then named by its address only."""
         store = _within(2 * STORE_TIMEOUT_S, cls._connect)
         if store is None:

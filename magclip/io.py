@@ -10,9 +10,10 @@ import pickle
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 
@@ -85,6 +86,29 @@ def publish_dir(tmp_dir: str | Path, final_dir: str | Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp_dir, final_dir)
+
+
+def staging_dir(final_dir: str | Path) -> Path:
+    """A new empty folder `.NAME.*.tmp` beside `final_dir`: on the same file system, so `publish_dir` is a
+    rename, unique, so two writers never share one, and with the mode a plain mkdir would give."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.", suffix=".tmp"))
+    tmp.chmod(umask_mode("dir"))
+    return tmp
+
+
+@contextmanager
+def publishing_dir(final_dir: str | Path) -> Iterator[Path]:
+    """Yield a `staging_dir` to write a whole folder into; publish it on success, delete it on any failure,
+    so `final_dir` is the old complete folder or the new complete one, never a mix."""
+    tmp = staging_dir(final_dir)
+    try:
+        yield tmp
+        publish_dir(tmp, final_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def recover_dir(final_dir: str | Path) -> bool:

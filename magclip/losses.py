@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from magclip import distributed
+from magclip.config import SIGLIP_DIST_IMPLS
 from magclip.similarity import Scorer
 
 
@@ -139,24 +140,44 @@ class SigLIPLoss(nn.Module):
     query are cosine (both normalized), dot (both raw), qnorm (image normalized, text raw: the text
     keeps its magnitude), dnorm (text normalized, image raw), fixed/learnable (any point between).
 
-    Distributed: raw features gathered with autograd, scored after the gather; `local_loss=True`
-    (open_clip's form: this rank's images against every rank's texts, divided by the local batch) or
-    `local_loss=False` (the whole global matrix on every rank, divided by the global batch). Both give
-    every rank the exact gradient of the global-batch loss once DDP averages gradients (tested on 2
-    processes). open_clip's neighbour exchange computes the same sums without materialising the
-    gathered texts; the gather is kept here because a learnable exponent needs every rank's norms in
-    one place anyway.
+    Distributed, `dist_impl` (open_clip's names and default):
+    - 'bidir' / 'shift' / 'reduce': this rank's images against each rank's texts, one [b, b] block at
+      a time, the texts passed round the ring both ways / one way / broadcast by all-reduce
+      (`distributed.exchanged_blocks`); no rank gathers every feature, and no rank builds more than
+      this rank's rows of the matrix. Texts are prepared (`prepare_docs`) before they travel, as
+      open_clip normalizes before its exchange: exact, since the preparation is per row, and a
+      received block is then held once, prepared, rather than raw and prepared (a third less
+      memory per block, benchmarks/README.md). A learnable γ_text gets its gradient back through the
+      exchange, on the rank that prepared the texts: per rank it differs from the gather's, its mean
+      over ranks (what DDP applies) is the same. Always with gradient (open_clip's exchange has no
+      detached form).
+      `local_loss=True` is open_clip's SigLipLoss: each rank returns its rows' loss / b, and DDP's
+      averaging makes the global-batch gradient. `local_loss=False` reports the global-batch loss
+      (and accuracy) on every rank, as the gather's global matrix does, by one scalar all-reduce; its
+      gradient is still the local form's (the same after DDP's average).
+    - 'gather': raw features gathered with autograd, scored after the gather; `local_loss=True` (this
+      rank's images against every rank's texts, / b) or `local_loss=False` (the whole global matrix on
+      every rank, / B). `gather_with_grad=False` gathers other ranks' features detached (the local
+      slice keeps its graph).
+    Every form gives every rank the exact gradient of the global-batch loss once DDP averages
+    gradients (tested on 2 and 4 processes against each other and open_clip's SigLipLoss).
 
     When to use: the other contrastive family, to ask whether the magnitude question changes when
     the loss is pairwise rather than a softmax over the batch.
     """
 
-    def __init__(self, scorer: "str | Scorer | Mapping" = "cosine", local_loss: bool = True,
-                 gather_with_grad: bool = True):
+    def __init__(self, scorer: str | Scorer | Mapping = "cosine", local_loss: bool = True,
+                 gather_with_grad: bool = True, dist_impl: str = "bidir"):
         super().__init__()
+        if dist_impl not in SIGLIP_DIST_IMPLS:
+            raise ValueError(f"dist_impl={dist_impl!r}; allowed: {', '.join(SIGLIP_DIST_IMPLS)}")
+        if not gather_with_grad and dist_impl != "gather":
+            raise ValueError(f"gather_with_grad=False needs dist_impl='gather', got {dist_impl!r}: "
+                             "the neighbour exchange always carries the gradient")
         self.scorers = nn.ModuleDict({"i2t": Scorer.build(scorer)})
         self.local_loss = local_loss
         self.gather_with_grad = gather_with_grad
+        self.dist_impl = dist_impl
 
     @property
     def scorer(self) -> Scorer:
@@ -166,8 +187,16 @@ class SigLIPLoss(nn.Module):
                 logit_bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         if logit_bias is None:
             raise ValueError("the sigmoid loss needs a logit bias")
-        all_images, all_texts = gather_pairs(image_features, text_features, self.gather_with_grad, self.local_loss)
-        images = image_features if self.local_loss else all_images
+        if self.dist_impl == "gather":
+            return self._gathered(image_features, text_features, logit_scale, logit_bias)
+        return self._exchanged(image_features, text_features, logit_scale, logit_bias)
+
+    def _gathered(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,
+                  logit_bias: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The whole [b or B, B] matrix at once. Texts are documents only: their local slice keeps its graph
+        even when the others arrive detached (or the text tower would get no gradient at all)."""
+        images = image_features if self.local_loss else _gather_siglip(image_features, self.gather_with_grad)
+        all_texts = _gather_siglip(text_features, self.gather_with_grad)
         offset = distributed.rank() * image_features.shape[0] if self.local_loss else 0
         logits = CLIPLoss.logits(self.scorer, images, all_texts, logit_scale, logit_bias)
         targets = torch.arange(images.shape[0], device=logits.device) + offset
@@ -177,6 +206,27 @@ class SigLIPLoss(nn.Module):
         acc = (logits.detach().argmax(dim=1) == targets).float().mean()
         return {"loss": loss, "acc_i2t": acc}
 
+    def _exchanged(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale: torch.Tensor,
+                   logit_bias: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This rank's rows, one [b, b] block per rank's texts, each scored as it arrives."""
+        me, n = distributed.rank(), image_features.shape[0]
+        top1 = _BlockwiseTop1(me)
+        loss = image_features.new_zeros((), dtype=torch.float32)
+        with torch.autocast(device_type=image_features.device.type, enabled=False):
+            queries = self.scorer.prepare_queries(image_features)
+            docs = self.scorer.prepare_docs(text_features)  # before the exchange: see the class docstring
+            scale, bias = logit_scale.float(), logit_bias.float()
+            for source, block in distributed.exchanged_blocks(docs, self.dist_impl):
+                logits = scale * (queries @ block.T) + bias
+                loss = loss + _block_loss(logits, matching=source == me) / n
+                top1.add(source, logits.detach())
+        acc = top1.rate()
+        if self.local_loss or distributed.world_size() == 1:
+            return {"loss": loss, "acc_i2t": acc}
+        # the global-batch value (ranks hold equal batches: the mean of the ranks' values), local gradient
+        return {"loss": distributed.mean_over_ranks(loss) + (loss - loss.detach()),
+                "acc_i2t": distributed.mean_over_ranks(acc)}
+
     def scorer_state(self) -> dict[str, dict]:
         """The one scorer (image = query), recorded as the i2t direction: evaluation scores text->image
         with it transposed (`similarity.evaluation_scorers`)."""
@@ -184,6 +234,56 @@ class SigLIPLoss(nn.Module):
 
     def project_(self) -> None:
         self.scorer.project_()
+
+
+def _gather_siglip(x: torch.Tensor, with_grad: bool) -> torch.Tensor:
+    """Every rank's raw `x`; without grad the local slice still carries its own."""
+    if with_grad:
+        return distributed.all_gather_with_grad(x)
+    return distributed.all_gather_no_grad(x, keep_local_grad=True)
+
+
+def _block_loss(logits: torch.Tensor, matching: bool) -> torch.Tensor:
+    """-sum log sigmoid(labels * logits) of one block: labels -1, +1 on the diagonal of the block of matching
+    pairs (open_clip's `get_ground_truth`); a block of other ranks' texts holds negatives only."""
+    if not matching:
+        return -F.logsigmoid(-logits).sum()
+    labels = 2 * torch.eye(logits.shape[0], device=logits.device, dtype=logits.dtype) - 1
+    return -F.logsigmoid(labels * logits).sum()
+
+
+class _BlockwiseTop1:
+    """In-batch top-1 of the image rows from blocks arriving in any order, exactly as argmax over the
+    gathered row counts it: the first maximum wins, so a tie in an earlier rank's block beats the match."""
+
+    def __init__(self, me: int):
+        self.me = me
+        self.hits: torch.Tensor | None = None      # the matching block's argmax is its diagonal
+        self.matching: torch.Tensor | None = None  # the matching pairs' logits
+        self.before: torch.Tensor | None = None    # row maxima over lower ranks' blocks
+        self.after: torch.Tensor | None = None     # row maxima over higher ranks' blocks
+
+    def add(self, source: int, logits: torch.Tensor) -> None:
+        if source == self.me:
+            rows = torch.arange(logits.shape[0], device=logits.device)
+            self.hits, self.matching = logits.argmax(dim=1) == rows, logits.diagonal()
+        elif source < self.me:
+            self.before = _running_max(self.before, logits)
+        else:
+            self.after = _running_max(self.after, logits)
+
+    def rate(self) -> torch.Tensor:
+        hits = self.hits
+        if self.before is not None:
+            hits = hits & (self.matching > self.before)
+        if self.after is not None:
+            hits = hits & (self.matching >= self.after)
+        return hits.float().mean()
+
+
+def _running_max(held: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+    best = logits.max(dim=1).values
+    return best if held is None else torch.maximum(held, best)
 
 
 class RetrievalLoss(nn.Module):

@@ -90,6 +90,23 @@ def make_tiny_bert(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def make_tiny_decoder(folder: Path, seed: int = 0) -> Path:
+    """A 2-layer random Qwen3 (a decoder-only embedder's stand-in, pooled at its last token) with the tiny BERT's
+    tokenizer, saved as a HF folder."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
+
+    bert = make_tiny_bert(folder.with_name(folder.name + "_tokenizer"), seed)
+    tok = AutoTokenizer.from_pretrained(str(bert))
+    vocab = len((bert / "vocab.txt").read_text().splitlines())  # ids run to the line count (a word can repeat)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    Qwen3Model(cfg).eval().save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
 def load_weights(path: Path) -> dict:
     """A weights file as a state dict: the safetensors a checkpoint holds, or a torch file (weights only)."""
     import torch

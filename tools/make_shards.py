@@ -3,8 +3,9 @@
 Installed as `magclip-make-shards` (the same arguments); every option: --help (magclip/cli/make_shards.py).
 
     python tools/make_shards.py data/pets/images data/pets/captions.csv data/pets/shards --shard-size 1000
-    python tools/make_shards.py imgs/ captions.jsonl out/ --file-column image --caption-column text \
+    python tools/make_shards.py imgs/ captions.jsonl out/ --image-column image --caption-column text \
         --prefix train
+    python tools/make_shards.py . train.csv shards/ --separator "\\t"   # open_clip's tab-separated .csv
 """
 
 import sys

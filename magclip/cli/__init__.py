@@ -35,17 +35,21 @@ def check_inputs(cfg: Any) -> None:
     """Every local input a run config names exists: what a command checks before it imports torch or builds
     anything. Not part of `validate`: a config that names data of another machine still loads."""
     from magclip.config import RunConfig
+    from magclip.data.eval_sets import resolve_eval_set
     from magclip.data.urls import check_pipes_start, check_sources_exist
     from magclip.io import looks_like_path
 
     check_writable(cfg.run_dir, "output_dir")
     if isinstance(cfg, RunConfig):
-        shard_sets = {"data.train": cfg.data.train, "data.val": cfg.data.val,
-                      **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
-        for key, urls in shard_sets.items():
-            if urls is not None:
-                check_sources_exist(urls, key)
-                check_pipes_start(urls, key)
+        if cfg.data.train is not None:
+            check_sources_exist(cfg.data.train, "data.train")
+            check_pipes_start(cfg.data.train, "data.train")
+        eval_sets = {"data.val": cfg.data.val, **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
+        for key, path in eval_sets.items():  # shards, a CLIP_benchmark folder or a Karpathy file: recognised and checked
+            if path is not None:
+                es = resolve_eval_set(key, path, matching=cfg.eval.matching, caption_key=cfg.data.caption_key, where=key)
+                if es.urls is not None:
+                    check_pipes_start(es.urls, key)
         pretrained = cfg.model.pretrained
         if pretrained and looks_like_path(pretrained) and not Path(pretrained).expanduser().exists():
             raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
-from magclip.data.urls import check_sources_exist
+from magclip.config import MATCHINGS
+from magclip.data.eval_sets import resolve_eval_set
 from magclip.modes import MODES
 
 
@@ -53,12 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--split", default="test")
     data.add_argument("--max-queries", type=int, help="BEIR subset: first N queries")
     data.add_argument("--max-docs", type=int, help="BEIR subset: their judged documents + others up to N")
-    data.add_argument("--data", help="CLIP: webdataset shards (brace pattern)")
+    data.add_argument("--data", help="CLIP: webdataset shards (brace pattern) or a CLIP_benchmark folder (its test split)")
+    data.add_argument("--matching", choices=MATCHINGS, help="CLIP relevance: caption (identity; default for shards) or "
+                                                            "image (CLIP_benchmark's; default for its folders)")
+    data.add_argument("--caption-key", help="CLIP: txt (KEY.txt, one caption a line; default) or json:FIELD")
     data.add_argument("--synthetic", action="store_true", help="CLIP: the embedded synthetic validation shards")
     data.add_argument("--metrics", help="a run's metrics.jsonl to plot (default: the checkpoint's run, if any)")
     mg = p.add_argument_group("magnitude")
     mg.add_argument("--mode", choices=MODES, help="scorer that ranks candidates (default: the model's own; "
-                    "cosine for a plain model)")
+                    "cosine for a plain model without a magclip.json beside its weights)")
     mg.add_argument("--gamma-q", type=float)
     mg.add_argument("--gamma-d", type=float)
     mg.add_argument("--k", type=int, default=10, help="top-k non-relevant candidates per anchor (%(default)s)")
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
     check_paths(args, "checkpoint", "beir", "metrics")  # local inputs, before torch or a model is loaded
     if args.data:
-        check_sources_exist(args.data, "--data")
+        resolve_eval_set("data", args.data, matching=args.matching, caption_key=args.caption_key, where="--data")
 
     import torch
 

@@ -52,7 +52,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
-def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":
+def load_model_and_scorers(args) -> tuple[BiEncoder, list[Scorer]]:
     """The model and its Scorers (the flags were checked by `parse_args`)."""
     from magclip.evaluation.text import text_scorers
     from magclip.models.text import BiEncoder
@@ -64,7 +64,7 @@ def load_model_and_scorers(args) -> "tuple[BiEncoder, list[Scorer]]":
     return model, text_scorers(model, args.mode, args.gamma_q, args.gamma_d)
 
 
-def encoding_dtype(args) -> "torch.dtype | None":
+def encoding_dtype(args) -> torch.dtype | None:
     """bf16 for `--precision bf16` (or `auto` on a device with native bf16), None for fp32; logged."""
     import torch
 

@@ -59,15 +59,20 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from pathlib import Path
 
-from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
-from magclip.data.image_folder import resolve_image_folder
-from magclip.data.urls import check_sources_exist
+from magclip.cli import UsageError, as_command, check_paths
+from magclip.cli.clip_args import add_clip_model_arguments, check_clip_model_arguments, load_clip_model
+from magclip.config import MATCHINGS
+from magclip.data.eval_sets import (
+    EvalSet,
+    eval_set_classes,
+    eval_set_tasks,
+    eval_set_templates,
+    lookup_keys,
+    resolve_eval_set,
+)
 from magclip.evaluation import ZEROSHOT_TASKS as TASKS
 from magclip.metrics.ranks import write_results_with_outcomes
-from magclip.modes import MODES
-
 
 _NAMED = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
@@ -84,36 +89,19 @@ def parse_data(values: list[str]) -> dict[str, str]:
     return out
 
 
-def check_inputs(args: argparse.Namespace) -> dict[str, Path | None]:
-    """Local inputs exist: named before torch, open_clip or a model is loaded. Returns {set: its image
-    folder, or None for shards}; a local folder that is neither is an error naming it."""
-    check_paths(args, "checkpoint", "emoji", "classes")
-    folders: dict[str, Path | None] = {}
-    for name, urls in parse_data(args.data).items():
-        folders[name] = resolve_image_folder(urls, f"--data {name}")
-        if folders[name] is None:
-            check_sources_exist(urls, f"--data {name}")
-    return folders
-
-
-def entry_keys(name: str, folder: Path | None, class_set: str | None) -> list[str]:
-    """Keys to look a set up by in CLIP_benchmark's {data set: ...} JSON files: --class-set, else the
-    set's name, then its image folder's name (`--data ~/data/cifar10` finds "cifar10")."""
-    if class_set:
-        return [class_set]
-    return [name, *([folder.name] if folder is not None and folder.name != name else [])]
+def check_inputs(args: argparse.Namespace) -> dict[str, EvalSet]:
+    """Local inputs exist and each --data set's layout is recognised (magclip.data.eval_sets: a CLIP_benchmark
+    folder, a Karpathy split file, an image folder, shards), before torch, open_clip or a model is loaded; a
+    local folder that is none of them is an error naming it."""
+    check_paths(args, "checkpoint", "emoji", "classes", "images")
+    return {name: resolve_eval_set(name, path, split=args.split, matching=args.matching, caption_key=args.caption_key,
+                                   images=args.images, where=f"--data {name}")
+            for name, path in parse_data(args.data).items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = p.add_argument_group("model (one of --checkpoint or --model)")
-    src.add_argument("--checkpoint", help="magclip run folder, checkpoint step folder, or its weights file")
-    src.add_argument("--model", help="open_clip model name / magclip/models/configs name / JSON config (no magclip.json)")
-    src.add_argument("--pretrained", help="with --model: open_clip pretrained tag or a local weights file")
-    src.add_argument("--mode", choices=MODES, help="score both directions with this mode (default: the "
-                     "checkpoint's own scorers; cosine for --model)")
-    src.add_argument("--gamma-q", type=float, help="with --mode fixed/learnable")
-    src.add_argument("--gamma-d", type=float, help="with --mode fixed/learnable")
+    add_clip_model_arguments(p)
     data = p.add_argument_group("data")
     data.add_argument("--data", action="append", default=[], metavar="[NAME=]SHARDS|DIR",
                       help="webdataset shards (brace patterns, '::' between sources, a folder of .tar), or an "
@@ -122,8 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--emoji", metavar="DIR", help="the emoji benchmark folder (splits.json, emoji_index.jsonl)")
     data.add_argument("--splits", nargs="+", help="with --emoji: only these splits")
     data.add_argument("--task", choices=(*TASKS, "both"),
-                      help="default: classification with an image folder, both with a class list (or --emoji), "
-                           "else retrieval")
+                      help="default: the set's own (a CLIP_benchmark folder's dataset_type.txt, classification for "
+                           "an image folder, retrieval for a Karpathy file); shards: both with a class list (or "
+                           "--emoji), else retrieval")
+    data.add_argument("--split", help="split of a CLIP_benchmark folder (ROOT/<split>/, default test, as CLIP_benchmark) "
+                                      "or of a Karpathy file (default test)")
+    data.add_argument("--matching", choices=MATCHINGS,
+                      help="retrieval relevance: image (a caption is relevant to its own image only: CLIP_benchmark's, "
+                           "the default for its folders and Karpathy files) or caption (caption identity: identical "
+                           "captions count as one; the default for shards)")
+    data.add_argument("--caption-key", help="where shard captions are: txt (KEY.txt, one caption a line; default) or "
+                                            "json:FIELD (a KEY.json field holding a caption or a list of captions)")
+    data.add_argument("--images", metavar="DIR", help="with a Karpathy split file: the images folder (default: the "
+                                                      "file's folder; COCO: DIR/<filepath>/<filename>)")
     data.add_argument("--workers", type=int, default=0, help="DataLoader processes reading image folders (%(default)s)")
     cls = p.add_argument_group("classification")
     cls.add_argument("--classes", help="class list: .txt (one name a line), .json (a list, CLIP_benchmark's "
@@ -154,20 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if bool(args.checkpoint) == bool(args.model):
-        raise UsageError("give exactly one of --checkpoint or --model")
-    if args.pretrained and not args.model:
-        raise UsageError("--pretrained goes with --model (a checkpoint's weights come from --checkpoint)")
+    check_clip_model_arguments(args)
     if bool(args.emoji) == bool(args.data):
         raise UsageError("give --data SHARDS|DIR (one or more) or --emoji DIR")
-    check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
-    folders = check_inputs(args)
+    if args.emoji and (args.split or args.matching or args.caption_key or args.images):
+        raise UsageError("--split, --matching, --caption-key and --images go with --data, not --emoji")
+    eval_sets = check_inputs(args)
 
     import torch
 
-    from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
+    from magclip.data.classes import resolve_templates
     from magclip.evaluation.emoji import emoji_benchmark
-    from magclip.data.classes import load_classes, resolve_templates
     from magclip.evaluation.zeroshot import evaluate_zeroshot, format_zeroshot_table
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -179,38 +175,24 @@ def main(argv: list[str] | None = None) -> dict:
         data, classes, set_info = bench["data"], bench["classes"], bench["set_info"]
         label_field = label_field or bench["label_field"]
         exclude = exclude or list(bench["exclude_groups"])
-        templates = resolve_templates(args.templates, entry_keys("emoji", None, args.class_set))
-    else:  # per set: CLIP_benchmark's JSON files hold an entry per data set, image folders their own classes
-        data = parse_data(args.data)
-        keys = {name: entry_keys(name, folders[name], args.class_set) for name in data}
-        classes = {name: load_classes(args.classes, name_field=args.class_name_field, key_field=args.class_key_field,
-                                      group_field=args.class_group_field, lookup=keys[name]) if args.classes else None
-                   for name in data}
-        templates = {name: resolve_templates(args.templates, keys[name]) for name in data}
-    image_folders = {name: root for name, root in folders.items() if root is not None} if not args.emoji else {}
-    task = args.task or ("classification" if image_folders else "both" if args.classes or args.emoji else "retrieval")
-    tasks = TASKS if task == "both" else (task,)
-    if "retrieval" in tasks and image_folders:
-        name, root = next(iter(image_folders.items()))
-        raise UsageError(f"--data {name}: {root} is an image folder (no captions): retrieval needs shards with "
-                         "KEY.txt; use --task classification")
-    if "classification" in tasks and not args.emoji:
-        unlabelled = [name for name in data if name not in image_folders and classes[name] is None]
-        if unlabelled:
-            raise UsageError(f"--data {unlabelled[0]}: classification of shards needs --classes (or --emoji)")
-    if "classification" in tasks and image_folders:  # indexed (and matched to the class list) before the model loads
-        from magclip.data.image_folder import ImageFolderSet
+        templates = resolve_templates(args.templates, lookup_keys("emoji", None, args.class_set))
+        tasks = {name: TASKS if args.task in (None, "both") else (args.task,) for name in data}
+    else:  # per set: CLIP_benchmark's JSON files hold an entry per data set, its folders and image folders their own
+        data = eval_sets
+        keys = {name: lookup_keys(name, es, args.class_set) for name, es in data.items()}
+        tasks = {name: eval_set_tasks(es, args.task, bool(args.classes or es.classes), f"--data {name}")
+                 for name, es in data.items()}
+        classes = {name: eval_set_classes(es, args.classes, lookup=keys[name], name_field=args.class_name_field,
+                                          key_field=args.class_key_field, group_field=args.class_group_field)
+                   if "classification" in tasks[name] else None for name, es in data.items()}
+        templates = {name: eval_set_templates(es, args.templates, keys[name], f"--data {name}")
+                     if "classification" in tasks[name] else ["{}"] for name, es in data.items()}
+        for name, es in data.items():
+            if "classification" in tasks[name] and es.layout == "shards" and classes[name] is None:
+                raise UsageError(f"--data {name}: classification of shards needs --classes (or --emoji)")
 
-        for name, root in image_folders.items():
-            data[name] = ImageFolderSet.open(root, classes[name])
-
-    if args.checkpoint:
-        model = load_checkpoint(args.checkpoint, mode=args.mode, gamma_q=args.gamma_q, gamma_d=args.gamma_d,
-                                device=args.device)
-    else:
-        model = load_open_clip(args.model, args.pretrained, mode=args.mode or "cosine", gamma_q=args.gamma_q,
-                               gamma_d=args.gamma_d, device=args.device)
-    results = evaluate_zeroshot(model, data, tasks=tasks, classes=classes if "classification" in tasks else None,
+    model = load_clip_model(args, args.device)
+    results = evaluate_zeroshot(model, data, tasks=tasks, classes=classes,
                                 templates=templates, label_field=label_field, exclude_groups=exclude,
                                 set_info=set_info, batch_size=args.batch_size, device=args.device,
                                 workers=args.workers, save_embeddings=args.save_embeddings,

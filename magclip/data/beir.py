@@ -15,6 +15,14 @@ kept in `BeirData.warnings`): judged queries with no text are dropped, with thei
 BEIR keeps them, so they count against recall (`qrels_unknown_docs`), and queries left without
 any known relevant document are counted (`queries_without_known_relevant`: they score 0).
 
+Read as BEIR reads them, and reported (`BeirData.read_report`, logged; every BEIR entry of eval/beir.py
+and of a text training run carries it): a corpus line whose `_id` repeats replaces the earlier document
+(BEIR's GenericDataLoader fills a dict line by line: the last line wins, and the id keeps its first
+place), so the report counts the repeated ids, how many of them changed the text, and which of them
+the split judges (there a judged document may not be the one the judgement was made on); a repeated
+query id likewise (the last text wins); queries without a judgement in the split are left out of the
+evaluation, counted with their first ids.
+
 `beir_to_pairs` turns a split's qrels (normally `train`) into training pairs: one record per query
 with every relevant document (score >= `min_score`) as `positive` and optionally `random_negatives`
 documents drawn from the rest of the corpus as `negatives`.
@@ -26,9 +34,10 @@ import csv
 import json
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from magclip.config import IDENTICAL_ID_RULES
 from magclip.io import atomic_write_jsonl
@@ -44,6 +53,7 @@ class BeirData:
     qrels: dict[str, dict[str, int]]      # query id -> {doc id: relevance}
     split: str
     warnings: dict[str, int] = field(default_factory=dict)  # counted problems in the input (see module doc)
+    read_report: dict[str, Any] = field(default_factory=dict)  # what BEIR's reading did (see module doc)
 
     def doc_ids(self) -> list[str]:
         return list(self.corpus)
@@ -55,7 +65,7 @@ class BeirData:
         """{query id: document id} to leave out of that query's ranking (see `identical_id_exclusions`)."""
         return identical_id_exclusions(self.queries, self.corpus, rule)
 
-    def subset(self, max_queries: int | None = None, max_docs: int | None = None, seed: int = 0) -> "BeirData":
+    def subset(self, max_queries: int | None = None, max_docs: int | None = None, seed: int = 0) -> BeirData:
         """A smaller problem for quick checks: the first `max_queries` queries, every document they
         judge, then other documents (in corpus order) up to `max_docs`. Not comparable to full-corpus numbers."""
         qids = list(self.queries)[:max_queries] if max_queries else list(self.queries)
@@ -69,7 +79,8 @@ class BeirData:
         else:
             keep = set(self.corpus)
         corpus = {d: v for d, v in self.corpus.items() if d in keep}
-        return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split, dict(self.warnings))
+        return BeirData(self.name, corpus, {q: self.queries[q] for q in qids}, qrels, self.split, dict(self.warnings),
+                        dict(self.read_report))
 
 
 def identical_id_exclusions(queries: dict[str, str], corpus: dict[str, dict[str, str]],
@@ -111,18 +122,45 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
                 raise ValueError(f"{path}:{number}: not a JSON line ({e})") from None
 
 
-def read_corpus(folder: str | Path) -> dict[str, dict[str, str]]:
+def read_corpus_lines(folder: str | Path) -> tuple[dict[str, dict[str, str]], dict[str, bool]]:
+    """corpus.jsonl as BEIR's GenericDataLoader reads it (a repeated `_id`: the last line wins, at the id's first
+    place), and the repeated ids, each with whether a later line changed its title or text."""
     path = Path(folder) / "corpus.jsonl"
-    corpus = {}
+    corpus: dict[str, dict[str, str]] = {}
+    repeated: dict[str, bool] = {}
     for row in read_jsonl(path):
-        corpus[str(row["_id"])] = {"title": row.get("title") or "", "text": row.get("text") or ""}
+        doc_id, doc = str(row["_id"]), {"title": row.get("title") or "", "text": row.get("text") or ""}
+        if doc_id in corpus:
+            repeated[doc_id] = repeated.get(doc_id, False) or corpus[doc_id] != doc
+        corpus[doc_id] = doc
     if not corpus:
         raise ValueError(f"{path}: empty corpus (no documents)")
+    return corpus, repeated
+
+
+def read_corpus(folder: str | Path) -> dict[str, dict[str, str]]:
+    """corpus.jsonl as BEIR reads it; repeated ids are logged (`load_beir` reports them in full)."""
+    corpus, repeated = read_corpus_lines(folder)
+    if repeated:
+        log.warning("%s: %d document ids repeat in corpus.jsonl (the last line of each is kept, as BEIR does), "
+                    "e.g. %s", Path(folder) / "corpus.jsonl", len(repeated), list(repeated)[:5])
     return corpus
 
 
+def read_query_lines(folder: str | Path) -> tuple[dict[str, str], list[str]]:
+    """queries.jsonl as BEIR reads it (a repeated `_id`: the last text wins) and the repeated ids."""
+    queries: dict[str, str] = {}
+    repeated: dict[str, None] = {}
+    for row in read_jsonl(Path(folder) / "queries.jsonl"):
+        query_id = str(row["_id"])
+        if query_id in queries:
+            repeated[query_id] = None
+        queries[query_id] = row.get("text") or ""
+    return queries, list(repeated)
+
+
 def read_queries(folder: str | Path) -> dict[str, str]:
-    return {str(row["_id"]): row.get("text") or "" for row in read_jsonl(Path(folder) / "queries.jsonl")}
+    return read_query_lines(folder)[0]
 
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
@@ -165,8 +203,8 @@ def check_beir_folder(folder: str | Path, split: str = "test") -> Path:
 def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     folder = Path(folder)
     qrels_file = check_beir_folder(folder, split)
-    corpus = read_corpus(folder)
-    all_queries = read_queries(folder)
+    corpus, repeated_docs = read_corpus_lines(folder)
+    all_queries, repeated_queries = read_query_lines(folder)
     qrels = read_qrels(qrels_file)
     if not qrels:
         raise ValueError(f"{qrels_file}: no judgements")
@@ -197,7 +235,37 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
                     "against recall), e.g. %s; %d queries have no relevant document in the corpus and score 0",
                     qrels_file, len(unknown), [d for _, d in unknown[:3]], len(orphans))
     queries = {q: all_queries[q] for q in all_queries if q in qrels}
-    return BeirData(folder.name, corpus, queries, qrels, split, warnings)
+    report = read_report(folder, split, qrels, repeated_docs, repeated_queries,
+                         [q for q in all_queries if q not in qrels])
+    return BeirData(folder.name, corpus, queries, qrels, split, warnings, report)
+
+
+def read_report(folder: Path, split: str, qrels: dict[str, dict[str, int]], repeated_docs: dict[str, bool],
+                repeated_queries: list[str], unjudged: list[str], show: int = 10) -> dict[str, Any]:
+    """What reading the folder as BEIR reads it did to what is evaluated (see the module docstring), logged:
+    repeated document ids (how many changed the text; the judged ones by id), repeated query ids, and the
+    queries without a judgement in the split (left out; the first `show` ids)."""
+    judged = {d for docs in qrels.values() for d in docs}
+    judged_repeats = [d for d in repeated_docs if d in judged]
+    report = {"duplicate_doc_ids": len(repeated_docs),
+              "duplicate_doc_ids_changed": sum(repeated_docs.values()),
+              "duplicate_doc_ids_judged": len(judged_repeats),
+              "duplicate_doc_ids_judged_first": judged_repeats[:show],
+              "duplicate_query_ids": len(repeated_queries),
+              "duplicate_query_ids_first": repeated_queries[:show],
+              "unjudged_queries": len(unjudged), "unjudged_query_ids_first": unjudged[:show]}
+    if repeated_docs:
+        log.warning("%s: %d document ids repeat in corpus.jsonl (%d with another title or text); the last line "
+                    "of each is kept, as BEIR does; %d of them are judged in %s: %s", folder / "corpus.jsonl",
+                    len(repeated_docs), report["duplicate_doc_ids_changed"], len(judged_repeats), split,
+                    judged_repeats[:show] or "none")
+    if repeated_queries:
+        log.warning("%s: %d query ids repeat in queries.jsonl (the last text is kept, as BEIR does), e.g. %s",
+                    folder / "queries.jsonl", len(repeated_queries), repeated_queries[:show])
+    if unjudged:
+        log.info("%s: %d queries have no judgement in %s and are left out (as BEIR does), e.g. %s",
+                 folder / "queries.jsonl", len(unjudged), split, unjudged[:show])
+    return report
 
 
 def beir_to_pairs(folder: str | Path, split: str = "train", out: str | Path | None = None, *, min_score: int = 1,

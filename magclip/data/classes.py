@@ -66,6 +66,21 @@ class ClassSet:
                          "the class list does not match the labels")
 
 
+def text_lines(path: Path, what: str) -> list[str]:
+    """A file of one entry a line (classnames.txt, a template file), each line stripped, trailing blank lines
+    dropped. A blank line inside is an error naming it: dropping it would shift every later class index
+    by one (labels are indices), keeping it would make a class without a name."""
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    blank = [i + 1 for i, line in enumerate(lines) if not line]
+    if blank:
+        raise ValueError(f"{path}: line {blank[0]} is blank ({len(blank)} blank lines): every line must name a {what} "
+                         "(labels are line indices)" if what == "class" else
+                         f"{path}: line {blank[0]} is blank ({len(blank)} blank lines): every line must hold a {what}")
+    return lines
+
+
 def pick_entry(table: dict[str, Any], lookup: Sequence[str], what: str, fallback: str | None = None) -> str:
     """The key of a {data set: value} dict to use: the first of `lookup` it holds, else `fallback`;
     none: a ValueError naming `what` (the file), the names tried and the keys it has."""
@@ -96,8 +111,7 @@ def load_classes(path: str | Path, *, name_field: str = "name", key_field: str |
         raise FileNotFoundError(f"class list not found: {path}")
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".txt":
-        names = [line.strip() for line in text.splitlines() if line.strip()]
-        rows: list[Any] = names
+        rows: list[Any] = text_lines(path, "class")
     elif path.suffix == ".jsonl":
         try:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -122,7 +122,7 @@ class ImageFolderSet:
 
         from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, LOG_FIRST_SKIPS
 
-        read = _Read(self.dataset.samples, preprocess, max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
+        read = ImageReader(self.dataset.samples, preprocess, max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
         loader = DataLoader(read, batch_size=batch_size, num_workers=workers, collate_fn=list)
         for items in loader:
             good = []
@@ -143,10 +143,10 @@ class ImageFolderSet:
 
 
 def _identity(path: str) -> str:
-    return path  # ImageFolder only indexes here; `_Read` opens the files
+    return path  # ImageFolder only indexes here; `ImageReader` opens the files
 
 
-class _Read:
+class ImageReader:
     """Index -> (index, preprocessed image or None, skip reason, detail): a bad file is counted, not
     raised. A map-style dataset, so DataLoader workers can decode in parallel."""
 

@@ -3,9 +3,24 @@
 Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file, a folder (every *.jsonl, *.jsonl.gz and
 *.tar in it, sorted), webdataset-style tar shards whose `KEY.json` members are records (brace
 patterns such as `pairs-{000000..000003}.tar` expand), or several of these joined by '::'.
-`positive` is a string or a list (one is drawn per epoch); `negatives` is an optional list of hard
-negatives. A record without a query or a positive, or a line that is not a JSON object, is skipped,
-counted by reason and reported; it never stops the run.
+
+Columns (`record_columns`), the field's names: a record that names its query (`query`, or `anchor` as
+sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string or a list,
+one drawn per epoch) is read by name; hard negatives, all optional and taken together in the record's
+key order, are `negatives` (a list), `negative` and `negative_1` .. `negative_n` (sentence-transformers'
+triplet and n-tuple columns); other keys (ids, metadata) are ignored. A record that does not name both
+is read by sentence-transformers' dataset convention, where names do not matter and order does: first
+column the anchor (query), second the positive, the rest negatives (`label`, `labels`, `score`,
+`scores` and `dataset_name` are not texts and are left out), e.g. {query, answer} or {question,
+answer}. Refused, naming the file and the record: a role named twice (`query` and `anchor`,
+`positive` and `positives`), a name its position contradicts (`negative` where the order puts the
+positive), an id-like column where the order would read it as text. Which keys gave the query,
+positive and negatives is logged per file and kept (`PairsRead.columns`; a training run's
+results.json holds it as `train_columns`).
+
+A record without a query or a positive, or a line that is not a JSON object, is skipped, counted by
+reason and reported; it never stops the run. A file from which no usable record remains is refused in
+one line naming the file and the keys found.
 
 `PairBatches` yields this rank's micro-batches of one epoch: a seeded permutation of all records
 (the same on every rank), cut into global batches of batch_size x world_size; rank r takes the r-th
@@ -33,11 +48,13 @@ import io
 import json
 import logging
 import random
+import re
 import tarfile
 from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -49,6 +66,72 @@ class PairRecord:
     query: str
     positives: list[str]
     negatives: list[str] = field(default_factory=list)
+
+
+QUERY_KEYS = ("query", "anchor")
+POSITIVE_KEYS = ("positive", "positives")
+NEGATIVE_KEY = re.compile(r"negatives?(_\d+)?")          # negatives, negative, negative_1 .. negative_n
+# what sentence-transformers' data collator leaves out of the texts: label columns and the dataset's name
+NOT_TEXT_KEYS = ("label", "labels", "score", "scores", "dataset_name")
+ID_LIKE = re.compile(r"id|.*_(id|ids|idx)")               # sentence-transformers warns of these as text
+BY_ORDER = "by column order"                              # sentence-transformers' convention
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which keys of a record give its query, positive(s) and hard negatives; the rest are ignored."""
+
+    query: str
+    positive: str
+    negatives: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    by_order: bool = False
+
+    def describe(self) -> str:
+        """e.g. "query<-anchor, positive<-positive, negatives<-negative" (+ " (by column order)")."""
+        text = f"query<-{self.query}, positive<-{self.positive}"
+        text += f", negatives<-{'+'.join(self.negatives)}" if self.negatives else ""
+        return text + (f" ({BY_ORDER})" if self.by_order else "")
+
+
+class AmbiguousColumns(ValueError):
+    """A record whose columns say two things: one role named twice, or a name that its position contradicts."""
+
+
+def record_columns(row: dict[str, Any]) -> Columns | None:
+    """The columns of one record (see the module docstring): by name where it names both a query (query or
+    anchor) and a positive (positive or positives), else by sentence-transformers' column order. None when
+    fewer than two text columns remain; AmbiguousColumns where the names contradict each other or the order."""
+    for names in (QUERY_KEYS, POSITIVE_KEYS):
+        both = [k for k in names if k in row]
+        if len(both) > 1:
+            raise AmbiguousColumns(f"both {both[0]!r} and {both[1]!r}: which one is meant is not known; keep one")
+    query = next((k for k in QUERY_KEYS if k in row), None)
+    positive = next((k for k in POSITIVE_KEYS if k in row), None)
+    if query and positive:
+        negatives = tuple(k for k in row if NEGATIVE_KEY.fullmatch(k))
+        return Columns(query, positive, negatives, tuple(k for k in row if k not in (query, positive, *negatives)))
+    inputs = [k for k in row if k not in NOT_TEXT_KEYS]
+    for position, key in enumerate(inputs):
+        role = "query" if position == 0 else "positive" if position == 1 else "negatives"
+        if ID_LIKE.fullmatch(key):
+            raise AmbiguousColumns(f"no query and positive named, and the id-like column {key!r}, which the column "
+                                   f"order convention of sentence-transformers would read as text (the {role}); "
+                                   "name the columns query/anchor, positive, negative, or drop it")
+        named = "query" if key in QUERY_KEYS else "positive" if key in POSITIVE_KEYS else \
+            "negatives" if NEGATIVE_KEY.fullmatch(key) else role
+        if named != role:
+            raise AmbiguousColumns(f"column {key!r} in position {position + 1}, where sentence-transformers' column "
+                                   f"order convention reads the {role}; name the columns or reorder them")
+    if len(inputs) < 2:
+        return None
+    return Columns(inputs[0], inputs[1], tuple(inputs[2:]), tuple(k for k in row if k in NOT_TEXT_KEYS), True)
+
+
+def _texts(value: Any) -> list[str]:
+    """The non-blank strings of a column's value (a string or a list)."""
+    values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return [v for v in values if isinstance(v, str) and v.strip()]
 
 
 def _expand(source: str) -> list[Path]:
@@ -94,38 +177,92 @@ def _rows(path: Path) -> Iterator[Any]:
                 yield None
 
 
+def parse_columns(row: Any) -> tuple[PairRecord | None, str | None, Columns | None]:
+    """(record, None, its columns) or (None, skip reason, columns when known); AmbiguousColumns propagates."""
+    if not isinstance(row, dict):
+        return None, "bad_row", None
+    columns = record_columns(row)
+    if columns is None:
+        return None, "too_few_columns", None
+    query = row.get(columns.query)
+    if not isinstance(query, str) or not query.strip():
+        return None, "empty_query", columns
+    positives = _texts(row.get(columns.positive))
+    if not positives:
+        return None, "no_positive", columns
+    negatives = list(dict.fromkeys(n for key in columns.negatives for n in _texts(row[key])))  # once each, in order
+    return PairRecord(query, positives, negatives), None, columns
+
+
 def parse_record(row: Any) -> tuple[PairRecord | None, str | None]:
     """(record, None) or (None, skip reason)."""
-    if not isinstance(row, dict):
-        return None, "bad_row"
-    query = row.get("query")
-    if not isinstance(query, str) or not query.strip():
-        return None, "empty_query"
-    pos = row.get("positive", row.get("positives"))
-    positives = [pos] if isinstance(pos, str) else [p for p in (pos or []) if isinstance(p, str)]
-    positives = [p for p in positives if p.strip()]
-    if not positives:
-        return None, "no_positive"
-    negatives = [n for n in (row.get("negatives") or []) if isinstance(n, str) and n.strip()]
-    return PairRecord(query, positives, negatives), None
+    record, reason, _ = parse_columns(row)
+    return record, reason
+
+
+@dataclass
+class PairsRead:
+    """What `read_pairs_with_columns` read: the records, skip counts by reason, and per file the columns used."""
+
+    records: list[PairRecord]
+    skipped: Counter
+    columns: list[dict[str, Any]]   # per file: {"file", "records", "columns": {description: records}, "ignored"}
+
+
+def read_pairs_with_columns(source: str | Path, max_records: int | None = None) -> PairsRead:
+    """All usable records of `source` (see module docstring), the skip counts, and which columns each file's
+    records were read from (logged per file). A file with no usable record, or with a role named twice, is
+    refused in one line (ValueError) naming the file and the keys found."""
+    out = PairsRead([], Counter(), [])
+    for path in _expand(str(source)):
+        full = _read_file(path, out, max_records)
+        if not full:
+            break
+    if out.skipped:
+        log.warning("%s: skipped %d records %s", source, sum(out.skipped.values()), dict(out.skipped))
+    return out
+
+
+def _read_file(path: Path, out: PairsRead, max_records: int | None) -> bool:
+    """Add `path`'s records to `out`; False once `max_records` is reached."""
+    used: Counter = Counter()
+    ignored: dict[str, None] = {}
+    keys: dict[str, None] = {}
+    skipped: Counter = Counter()
+    more = True
+    for number, row in enumerate(_rows(path), start=1):
+        keys.update(dict.fromkeys(row if isinstance(row, dict) else ()))
+        try:
+            record, reason, columns = parse_columns(row)
+        except AmbiguousColumns as exn:
+            raise ValueError(f"{path}: record {number} has {exn}") from None
+        if record is None:
+            skipped[reason] += 1
+            continue
+        used[columns.describe()] += 1
+        ignored.update(dict.fromkeys(columns.ignored))
+        out.records.append(record)
+        if max_records is not None and len(out.records) >= max_records:
+            more = False
+            break
+    if not used:
+        raise ValueError(f"{path}: no usable pair record ({sum(skipped.values())} read, skipped {dict(skipped)}); "
+                         f"keys found: {', '.join(list(keys)[:12]) or 'none'}; a record needs query or anchor, and "
+                         "positive or positives (negative, negative_1.., negatives optional), or text columns in "
+                         "sentence-transformers' order (anchor, positive, negatives...) under none of these names")
+    out.skipped.update(skipped)
+    out.columns.append({"file": str(path), "records": sum(used.values()), "columns": dict(used),
+                        "ignored": list(ignored)})
+    log.info("%s: %d records, columns %s%s", path, sum(used.values()),
+             "; ".join(f"{d} ({n})" for d, n in used.items()),
+             f"; ignored keys: {', '.join(ignored)}" if ignored else "")
+    return more
 
 
 def read_pairs(source: str | Path, max_records: int | None = None) -> tuple[list[PairRecord], Counter]:
     """All usable records of `source` (see module docstring) and the skip counts by reason."""
-    records: list[PairRecord] = []
-    skipped: Counter = Counter()
-    for path in _expand(str(source)):
-        for row in _rows(path):
-            record, reason = parse_record(row)
-            if record is None:
-                skipped[reason] += 1
-                continue
-            records.append(record)
-            if max_records is not None and len(records) >= max_records:
-                return records, skipped
-    if skipped:
-        log.warning("%s: skipped %d records %s", source, sum(skipped.values()), dict(skipped))
-    return records, skipped
+    read = read_pairs_with_columns(source, max_records)
+    return read.records, read.skipped
 
 
 def records_from_dicts(rows: list[dict[str, Any]]) -> tuple[list[PairRecord], Counter]:

@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 
 from magclip import distributed
+from magclip.data.captions import DEFAULT_CAPTION_KEY, TXT, CaptionKey, choose_caption
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
@@ -71,6 +72,7 @@ SKIP_REASONS = (
     "missing_caption",
     "bad_caption_encoding",  # caption is not UTF-8
     "empty_caption",  # empty or whitespace only
+    "empty_caption_line",  # a blank line of a multi-caption KEY.txt (counts caption entries; the sample stays)
     "image_too_large",  # more pixels than max_image_pixels (checked from the header, before decoding)
     "undecodable_image",  # PIL cannot decode it (garbage, truncated, zero bytes)
 )
@@ -352,29 +354,26 @@ def load_image(data: bytes, max_pixels: int) -> tuple[Image.Image | None, str, s
             return None, "undecodable_image", f"{type(exn).__name__}: {exn}"
 
 
-def check_sample(sample: dict[str, Any], max_pixels: int,
-                 caption: bool = True) -> tuple[dict[str, Any] | None, str, str]:
-    """Validate one grouped sample: ({key, caption, image, meta}, "", "") or (None, reason, detail), the
-    one set of sample checks of training and evaluation. `caption=False` (classification only)
-    skips the caption checks and gives caption None. Cheap caption checks come before decoding."""
+def check_sample(sample: dict[str, Any], max_pixels: int, caption: bool = True,
+                 caption_key: CaptionKey = DEFAULT_CAPTION_KEY) -> tuple[dict[str, Any] | None, str, str]:
+    """Validate one grouped sample: ({key, captions, image, meta, blank_captions}, "", "") or (None, reason,
+    detail), the one set of sample checks of training and evaluation. `captions`: every caption the sample
+    has (magclip.data.captions: KEY.txt one a line, or a KEY.json field), `blank_captions`: the blank entries
+    left out. `caption=False` (classification only) skips the caption checks and gives captions None. Cheap
+    caption checks come before decoding."""
     ext = next((e for e in IMAGE_EXTS if e in sample), None)
     if ext is None:
         return None, "missing_image", f"members: {sorted(k for k in sample if not k.startswith('__'))}"
-    text = None
+    captions, blank = None, 0
     if caption:
-        raw = sample.get("txt")
-        if raw is None:
-            return None, "missing_caption", ""
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError as exn:
-            return None, "bad_caption_encoding", str(exn)
-        if not text:
-            return None, "empty_caption", ""
+        captions, reason, detail, blank = caption_key.read(sample)
+        if captions is None:
+            return None, reason, detail
     img, reason, detail = load_image(sample[ext], max_pixels)
     if img is None:
         return None, reason, detail
-    return {"key": sample.get("__key__"), "caption": text, "image": img, "meta": sample_meta(sample)}, "", ""
+    return {"key": sample.get("__key__"), "captions": captions, "image": img, "meta": sample_meta(sample),
+            "blank_captions": blank}, "", ""
 
 
 def sample_meta(sample: dict[str, Any]) -> dict[str, Any] | None:
@@ -390,23 +389,33 @@ def sample_meta(sample: dict[str, Any]) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips):
+def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips,
+            caption_key: CaptionKey, one_caption: Callable[[dict[str, Any]], str] | None):
+    """Checked, decoded, preprocessed samples. `one_caption` (training) picks the sample's caption of the
+    step; without it (evaluation) every caption stays."""
     for sample in samples:
-        good, reason, detail = check_sample(sample, max_pixels)
+        good, reason, detail = check_sample(sample, max_pixels, caption_key=caption_key)
         if good is None:
             skips.skip(reason, sample.get("__url__"), sample.get("__key__"), detail)
             continue
+        for _ in range(good.pop("blank_captions")):
+            skips.skip("empty_caption_line", sample.get("__url__"), sample.get("__key__"), "a blank caption entry")
+        if one_caption is not None:
+            good["captions"] = [one_caption(good)]
         good["image"] = preprocess(good["image"])  # a failure here is a bug, not bad data: raise
         yield good
 
 
 def _collate(samples: list[dict[str, Any]], tokenizer: Callable, skips: _Skips) -> dict[str, Any]:
-    captions = [s["caption"] for s in samples]
+    """A batch; "captions" and "texts" hold every caption of every sample in order, "caption_counts" how
+    many each sample has (1 each in training)."""
+    captions = [c for s in samples for c in s["captions"]]
     return {
         "images": torch.stack([s["image"] for s in samples]),
         "texts": tokenizer(captions),
         "keys": [s["key"] for s in samples],
         "captions": captions,
+        "caption_counts": [len(s["captions"]) for s in samples],
         "metas": [s["meta"] for s in samples],
         "skipped": skips.take(),
     }
@@ -447,6 +456,10 @@ class _WeightedShards(IterableDataset):
             yield {"url": url}
 
 
+def _draw_caption(sample: dict[str, Any], seed: int, epoch: int) -> str:
+    return choose_caption(sample["captions"], seed, epoch, sample["key"])
+
+
 def epoch_order(urls: list[str], shuffle: bool, seed: int, epoch: int, rep: int = 0) -> list[str]:
     """The shard order of one pass; the same on every rank so that the rank split is disjoint."""
     urls = list(urls)
@@ -461,7 +474,9 @@ class _RankStream(IterableDataset):
     def __init__(self, urls: list[str], shard_weights: list[float] | None, *, preprocess: Callable,
                  tokenizer: Callable, batch_size: int, num_batches: int | None, resampled: bool,
                  shuffle: bool, shuffle_buffer: int, seed: int, rank: int, world_size: int,
-                 drop_last: bool, max_image_pixels: int, log_first: int):
+                 drop_last: bool, max_image_pixels: int, log_first: int, caption_key: CaptionKey,
+                 all_captions: bool):
+        self.caption_key, self.all_captions = caption_key, all_captions
         self.urls, self.shard_weights = urls, shard_weights
         self.preprocess, self.tokenizer = preprocess, tokenizer
         self.batch_size, self.num_batches = batch_size, num_batches
@@ -488,8 +503,9 @@ class _RankStream(IterableDataset):
             rng = random.Random(_seed(self.seed, self.epoch, rep, self.rank, worker, "samples"))
             initial = min(self.shuffle_buffer, max(100, self.shuffle_buffer // 4))
             stages.append(wds.shuffle(self.shuffle_buffer, initial=initial, rng=rng))
+        one_caption = None if self.all_captions else partial(_draw_caption, seed=self.seed, epoch=self.epoch)
         stages.append(partial(_decode, preprocess=self.preprocess, max_pixels=self.max_image_pixels,
-                              skips=skips))
+                              skips=skips, caption_key=self.caption_key, one_caption=one_caption))
         return wds.DataPipeline(*stages)
 
     def _samples(self, worker: int, skips: _Skips) -> Iterator[dict[str, Any]]:
@@ -522,8 +538,9 @@ class _RankStream(IterableDataset):
 class ShardLoader:
     """Iterable over one rank's batches of one epoch; wraps a DataLoader over a webdataset pipeline.
 
-    Each batch: {"images": FloatTensor[B,3,H,W], "texts": LongTensor[B,L], "keys": list[str],
-    "captions": list[str], "metas": list[dict | None] (KEY.json), "skipped": {reason: count since the
+    Each batch: {"images": FloatTensor[B,3,H,W], "texts": LongTensor[T,L], "keys": list[str],
+    "captions": list[str] (T: one per sample in training, every caption with `all_captions`),
+    "caption_counts": list[int] (per sample), "metas": list[dict | None] (KEY.json), "skipped": {reason: count since the
     previous batch}}. `skip_counts` sums every skip of every epoch in this process; it also holds skips
     that happened after the epoch's last batch, which no batch can carry, so use it (not the per-batch
     sums) for totals.
@@ -640,6 +657,8 @@ def build_clip_loader(
     drop_last: bool = True,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     log_first: int = LOG_FIRST_SKIPS,
+    caption_key: str | CaptionKey = TXT,
+    all_captions: bool = False,
 ) -> ShardLoader:
     """A loader over image-text shards for one rank.
 
@@ -658,6 +677,9 @@ def build_clip_loader(
     rank, world_size: default to torch.distributed when initialised, else 0 and 1.
     max_image_pixels: larger images are skipped as `image_too_large` before decoding.
     log_first: skips logged per reason, worker and epoch (all are counted).
+    caption_key: where captions are read (magclip.data.captions: `txt`, one a line, or `json:FIELD`).
+    all_captions: every caption of a sample in the batch (evaluation; `caption_counts` says how many per
+        sample); else one caption per sample, drawn per (seed, epoch, key) where a sample has several.
 
     Deterministic given (seed, epoch, rank) for the sample order; with workers > 0, random
     augmentations in `preprocess` are seeded too, with 0 workers they use the global torch RNG.
@@ -705,7 +727,9 @@ def build_clip_loader(
                          batch_size=batch_size,
                          num_batches=num_batches, resampled=resampled, shuffle=shuffle,
                          shuffle_buffer=shuffle_buffer, seed=seed, rank=rank, world_size=world_size,
-                         drop_last=drop_last, max_image_pixels=max_image_pixels, log_first=log_first)
+                         drop_last=drop_last, max_image_pixels=max_image_pixels, log_first=log_first,
+                         caption_key=CaptionKey(caption_key) if isinstance(caption_key, str) else caption_key,
+                         all_captions=all_captions)
     loader = ShardLoader(stream, workers=workers, num_samples=known, epoch=epoch, shard_sizes=sizes,
                          seed=seed)
     if num_batches is None and world_size > 1:

@@ -124,6 +124,12 @@ def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def scene_captions(objects: list[dict]) -> list[str]:
+    """Three captions of one scene, each describing every object (colour, shape and position; colour and
+    shape; shape and position): the scenes as a multi-caption retrieval set. `objects` as in KEY.json."""
+    return [_join([_describe(o, _ATTRS[kind]) for o in objects]) for kind in ("full", "colour_shape", "shape_position")]
+
+
 def make_scene(rng: random.Random) -> tuple[list[dict], str, str, float]:
     """Draw a scene description and a caption: (objects, caption, template, caption_detail)."""
     n = rng.choice((1, 2, 3))

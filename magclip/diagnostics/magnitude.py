@@ -33,9 +33,10 @@ each query (`relevance[i]`: a set of document indices) and a Scorer that ranks d
   all its samples (a cluster bootstrap: samples of one query are not independent); for "corpus"
   and query success the unit is the single value, resampled within each group.
 
-CLIP: documents of image->text are captions, of text->image images. Relevance is caption identity
-(an image's relevant captions are every caption identical to its own, as in magclip's retrieval
-metrics). So "text as document" is the i2t doc side and "image as document" the t2i doc side.
+CLIP: documents of image->text are captions, of text->image images. Relevance is the retrieval
+evaluation's (magclip.metrics.relevance): caption identity (an image's relevant captions are every
+caption identical to one of its own) or by image (CLIP_benchmark's), over any number of captions per
+image. So "text as document" is the i2t doc side and "image as document" the t2i doc side.
 
 Plots (matplotlib, Agg backend): norm histograms by relevance, the norm of each relevant document
 against its rank, and gamma_q / gamma_d, logit scale and mean norms over training from a run's
@@ -55,6 +56,7 @@ import torch
 from torch import Tensor
 
 from magclip.diagnostics.plots import pyplot, save_figure
+from magclip.metrics.relevance import MATCHING, clip_relevance
 from magclip.similarity import Scorer
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -312,22 +314,27 @@ def magnitude_report(queries: Tensor, docs: Tensor, relevance: Sequence[set[int]
 
 def clip_magnitude_report(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
                           scorers: Mapping[str, Scorer], *, k: int = 10, n_boot: int = 1000,
-                          seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Magnitude report for paired CLIP features with caption identity as relevance.
+                          seed: int = 0, caption_counts: Sequence[int] | None = None,
+                          matching: str = "caption") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Magnitude report for CLIP features, relevance by `matching` (magclip.metrics.relevance: caption
+    identity, or by image) over images with `caption_counts[i]` captions each (None: one each).
 
     doc_side: texts as candidates of image queries, ranked by scorers["i2t"]; query_side: images as
     candidates of text queries, ranked by scorers["t2i"] (the t2i direction's own document side).
     The "corpus" scope is skipped: every caption is relevant to its own image."""
-    rel_i2t = relevance_from_labels(captions, captions)
-    doc_side, doc_samples = side_report(image_features, text_features, rel_i2t, scorers["i2t"], k=k,
+    counts = [1] * len(image_features) if caption_counts is None else list(caption_counts)
+    owners = torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(counts, dtype=torch.long))
+    rel_i2t, rel_t2i = clip_relevance(captions, owners, len(counts), matching)
+    doc_side, doc_samples = side_report(image_features, text_features, rel_i2t.as_sets(), scorers["i2t"], k=k,
                                         corpus_scope=False, n_boot=n_boot, seed=seed)
-    query_side, query_samples = side_report(text_features, image_features, rel_i2t, scorers["t2i"], k=k,
+    query_side, query_samples = side_report(text_features, image_features, rel_t2i.as_sets(), scorers["t2i"], k=k,
                                             corpus_scope=False, n_boot=n_boot, seed=seed)
     summary = {"norms": {"image": norm_stats(image_features), "text": norm_stats(text_features)},
                "doc_side": {"candidates": "text", "anchors": "image", "direction": "i2t", **doc_side},
                "query_side": {"candidates": "image", "anchors": "text", "direction": "t2i", **query_side},
-               "relevance": "caption identity",
-               "data": {"samples": int(image_features.shape[0]), "unique_captions": len(set(captions))},
+               "relevance": MATCHING[matching], "matching": matching,
+               "data": {"samples": int(image_features.shape[0]), "captions": len(captions),
+                        "unique_captions": len(set(captions))},
                "definition": "Cohen's d = (mean relevant - mean non-relevant) / pooled SD; per anchor, its "
                              f"relevant candidates vs its top-{k} non-relevant candidates under the direction's "
                              "scorer, pooled over anchors, cluster bootstrap over anchors"}

@@ -7,7 +7,7 @@ and with several scorers the entry adds "modes": {scorer label: metrics}, the fi
 
 from typing import Any
 
-ZEROSHOT_TASKS = ("retrieval", "classification")  # here, torch-free: the zero-shot command's --help needs no torch
+from magclip.data.eval_sets import TASKS as ZEROSHOT_TASKS  # noqa: F401  (torch-free: --help needs no torch)
 
 
 def modes_entry(by_label: dict[str, dict[str, Any]]) -> dict[str, Any]:

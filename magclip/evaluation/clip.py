@@ -1,9 +1,14 @@
 """CLIP image<->text retrieval with the run's own Scorers: one implementation for a training run's
-validation and for zero-shot evaluation of a checkpoint.
+validation, zero-shot evaluation of a checkpoint, the benchmark suite and the diagnostics.
 
-Relevance is caption identity: a retrieved item is a hit when it carries the query's caption, so
-identical captions (frequent in the synthetic scenes, and in emoji with two art styles) count as
-one. With unique captions this is exactly open_clip's `get_clip_metrics` in cosine mode.
+A set is images and their captions, any number per image (KEY.txt one a line, CLIP_benchmark's
+layout; magclip.data.captions). Relevance follows a rule (magclip.metrics.relevance.MATCHING):
+"caption" identity (a retrieved item is a hit when it carries the query's caption, so identical
+captions, frequent in the synthetic scenes and in emoji with two art styles, count as one) or
+"image" (CLIP_benchmark's: a caption is relevant to its own image only). Image->text queries are the
+images (a hit when any relevant caption is in the top k), text->image queries are the captions. With
+one unique caption per image both rules are exactly open_clip's `get_clip_metrics` in cosine mode;
+ties never count for the query (magclip.metrics.retrieval).
 
 The metrics come back as a `RetrievalMetrics` (magclip.metrics.ranks): a plain dict of numbers
 that also carries each direction's per-query ranks and a digest of the evaluated keys, which a
@@ -19,9 +24,11 @@ import torch
 from torch import Tensor
 
 from magclip.diagnostics.specificity import specificity_metrics
-from magclip.metrics.ranks import RetrievalMetrics, items_digest
-from magclip.metrics.retrieval import ids_from_labels, retrieval_metrics
+from magclip.metrics.ranks import DIRECTIONS, RetrievalMetrics, items_digest
+from magclip.metrics.relevance import clip_relevance
+from magclip.metrics.retrieval import retrieval_metrics
 from magclip.models.clip import RawCLIP
+from magclip.models.tokens import long_captions
 from magclip.similarity import Scorer
 
 
@@ -53,41 +60,81 @@ def encode_loader(clip: RawCLIP, loader: Iterable[dict], device: torch.device | 
             **lists, "skipped": skipped}
 
 
+def first_samples(enc: dict[str, Any], n: int) -> dict[str, Any]:
+    """An `encode_loader` result cut to its first `n` images and their captions."""
+    counts = enc.get("caption_counts") or [1] * len(enc["keys"])
+    n_images = min(n, len(counts))
+    n_texts = sum(counts[:n_images])
+    out = dict(enc)
+    for name in ("image_features", "keys", "metas", "caption_counts"):
+        if out.get(name) is not None:
+            out[name] = out[name][:n_images]
+    for name in ("text_features", "captions"):
+        if out.get(name) is not None:
+            out[name] = out[name][:n_texts]
+    return out
+
+
 def retrieval_from_features(image_features: Tensor, text_features: Tensor, captions: Sequence[str],
-                            scorers: Mapping[str, Scorer], chunk_size: int = 1024) -> RetrievalMetrics:
-    """R@1/5/10, mean and median rank per direction, chance R@1, counts and mean norms (+ `.ranks`)."""
-    ids = ids_from_labels(list(captions))
+                            scorers: Mapping[str, Scorer], chunk_size: int = 1024, *,
+                            caption_counts: Sequence[int] | None = None, matching: str = "caption") -> RetrievalMetrics:
+    """R@1/5/10, mean and median rank per direction, chance R@1 per direction, counts and mean norms
+    (+ `.ranks`). `caption_counts[i]`: how many of the captions (in order) belong to image i; None: one
+    each. `matching`: "caption" (identity) or "image" (CLIP_benchmark's), magclip.metrics.relevance."""
+    counts = [1] * len(image_features) if caption_counts is None else list(caption_counts)
+    if len(counts) != len(image_features) or sum(counts) != len(captions) or len(captions) != len(text_features):
+        raise ValueError(f"{len(image_features)} images, {len(captions)} captions and {len(text_features)} text "
+                         f"features do not fit {sum(counts)} captions counted over {len(counts)} images")
+    relevance = clip_relevance(captions, caption_owners(counts), len(counts), matching)
     metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
-                                image_ids=ids, text_ids=ids, chunk_size=chunk_size)
-    metrics["chance_R@1"] = chance_recall_at_1(ids)
-    metrics["num_samples"] = len(captions)
-    metrics["num_unique_captions"] = int(ids.unique().numel())
+                                relevance=relevance, chunk_size=chunk_size)
+    for prefix, rel in zip(DIRECTIONS, relevance):
+        metrics[f"{prefix}_chance_R@1"] = rel.chance_recall_at_1()
+    metrics["chance_R@1"] = metrics["image_to_text_chance_R@1"]  # the one number of one-caption sets
+    metrics["num_samples"] = len(counts)
+    metrics["num_captions"] = len(captions)
+    metrics["num_unique_captions"] = len(set(captions))
     metrics["image_norm_mean"] = float(image_features.norm(dim=-1).mean())
     metrics["text_norm_mean"] = float(text_features.norm(dim=-1).mean())
     return metrics
 
 
-def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device) -> RetrievalMetrics:
+def caption_owners(counts: Sequence[int]) -> Tensor:
+    """The image index of every caption, from the number of captions of each image in order."""
+    return torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(list(counts), dtype=torch.long))
+
+
+def caption_items(keys: Sequence[str], counts: Sequence[int] | None) -> list[str]:
+    """The evaluated items that paired statistics match runs on: the sample keys, and with several
+    captions per image also how many each has (two runs pair only on the same captions per image)."""
+    if counts is None or all(n == 1 for n in counts):
+        return list(keys)
+    return [f"{k}\t{n}" for k, n in zip(keys, counts)]
+
+
+def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device, *,
+                       matching: str = "caption", tokenizer=None) -> RetrievalMetrics:
     """`retrieval_from_features` of every sample of a loader, plus the samples it skipped; the
-    per-query ranks carry a digest of the loader's keys (so only runs on the same items pair up)."""
+    per-query ranks carry a digest of the loader's keys (so only runs on the same items pair up).
+    With the `tokenizer`, captions longer than the text tower's context are counted (`long_captions`)."""
     enc = encode_loader(clip, loader, device)
-    metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers)
-    metrics.item_digest = items_digest(enc["keys"])
+    metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers,
+                                      caption_counts=enc.get("caption_counts"), matching=matching)
+    metrics.item_digest = items_digest(caption_items(enc["keys"], enc.get("caption_counts")))
     metrics["skipped_total"] = sum(enc["skipped"].values())
+    if tokenizer is not None:
+        metrics.update(long_captions(tokenizer, enc["captions"]))
     return with_specificity(metrics, enc, scorers)
 
 
 def with_specificity(metrics: RetrievalMetrics, enc: Mapping[str, Any], scorers: Mapping[str, Scorer]
                      ) -> RetrievalMetrics:
     """`metrics` with the caption-specificity numbers (magclip.diagnostics.specificity) where the samples'
-    KEY.json give caption_detail (the synthetic scenes do); returns `metrics`."""
+    KEY.json give caption_detail (the synthetic scenes do) and each image has one caption (the
+    numbers pair an image with its caption); returns `metrics`."""
+    if any(n != 1 for n in enc.get("caption_counts") or ()):
+        return metrics
     spec = specificity_metrics(enc["image_features"], enc["text_features"], enc["captions"], enc["keys"],
                                enc.get("metas") or [None] * len(enc["keys"]), scorers, metrics.ranks)
     metrics.update(spec)
     return metrics.with_outcomes(spec)
-
-
-def chance_recall_at_1(ids: Tensor) -> float:
-    """Expected R@1 of a random ranking: the mean share of relevant items per query."""
-    _, inverse, counts = ids.unique(return_inverse=True, return_counts=True)
-    return float((counts[inverse].float() / ids.numel()).mean())

@@ -112,9 +112,10 @@ def run_text(args, out: Path) -> dict[str, Any]:
 
 
 def run_clip(args, out: Path) -> dict[str, Any]:
+    from magclip.data.eval_sets import resolve_eval_set
     from magclip.data.shards import build_clip_loader
     from magclip.evaluation.checkpoint import load_checkpoint, load_open_clip
-    from magclip.evaluation.clip import encode_loader
+    from magclip.evaluation.clip import encode_loader, first_samples
 
     random_init = False
     if args.checkpoint:
@@ -128,33 +129,40 @@ def run_clip(args, out: Path) -> dict[str, Any]:
                     break
         args.metrics = metrics
     else:
-        model = load_open_clip(args.model, args.pretrained, mode=args.mode or "cosine", gamma_q=args.gamma_q,
+        model = load_open_clip(args.model, args.pretrained, mode=args.mode, gamma_q=args.gamma_q,
                                gamma_d=args.gamma_d, device=args.device)
-        random_init = args.pretrained is None
+        random_init = model.source["pretrained"] is None  # local-dir: and hf-hub: names bring their own weights
+    matching = args.matching or "caption"
     if args.synthetic:
         from magclip.data.synthetic import ensure_synthetic
         urls = ensure_synthetic().val_urls
     elif args.data:
-        urls = args.data
+        eval_set = resolve_eval_set("data", args.data, matching=args.matching, caption_key=args.caption_key,
+                                    where="--data")
+        if eval_set.urls is None:
+            raise ValueError(f"--data {args.data}: {eval_set.layout.replace('_', ' ')} sets are not read by the CLIP "
+                             "diagnostics; give shards or a CLIP_benchmark folder")
+        urls, matching = eval_set.urls, eval_set.matching
     else:
         raise ValueError("CLIP needs --data SHARDS or --synthetic")
     bn = args.batchnorm if args.batchnorm != "auto" else ("batch" if random_init else "eval")
     res: dict[str, Any] = {"kind": "clip", "model": model.model_name, "checkpoint": model.source.get("checkpoint"),
                            "pretrained": model.source.get("pretrained"), "random_init": random_init, "data": urls,
-                           "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "batchnorm": bn}
+                           "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "batchnorm": bn,
+                           "matching": matching}
     if not args.skip_magnitude:
         clip = _set_batchnorm(model.clip, bn)
         loader = build_clip_loader(urls, preprocess=model.preprocess, tokenizer=model.tokenizer,
                                    batch_size=max(args.batch_size, 128), num_samples=None, shuffle=False, workers=0,
-                                   rank=0, world_size=1, drop_last=False)
-        enc = encode_loader(clip, _take(loader, args.max_samples), args.device)
-        n = min(args.max_samples, enc["image_features"].shape[0])
-        summary, samples = mag.clip_magnitude_report(enc["image_features"][:n], enc["text_features"][:n],
-                                                     enc["captions"][:n], model.scorers, k=args.k,
-                                                     n_boot=args.n_boot, seed=args.seed)
+                                   rank=0, world_size=1, drop_last=False, caption_key=args.caption_key or "txt",
+                                   all_captions=True)
+        enc = first_samples(encode_loader(clip, _take(loader, args.max_samples), args.device), args.max_samples)
+        summary, samples = mag.clip_magnitude_report(enc["image_features"], enc["text_features"], enc["captions"],
+                                                     model.scorers, k=args.k, n_boot=args.n_boot, seed=args.seed,
+                                                     caption_counts=enc["caption_counts"], matching=matching)
         res["magnitude"] = summary
         _magnitude_plots(summary, samples, out, f"{model.model_name} ({res['scorers']['i2t']['mode']})", res)
-        specificity = _specificity(enc, n, model.scorers)
+        specificity = _specificity(enc, model.scorers)
         if specificity:
             res["specificity"] = specificity
     if not args.skip_fisher:
@@ -169,13 +177,14 @@ def run_clip(args, out: Path) -> dict[str, Any]:
     return res
 
 
-def _specificity(enc: dict[str, Any], n: int, scorers) -> dict[str, Any]:
-    """The caption-specificity numbers of the first `n` samples (empty without caption_detail in KEY.json)."""
+def _specificity(enc: dict[str, Any], scorers) -> dict[str, Any]:
+    """The caption-specificity numbers (empty without caption_detail in KEY.json, or with several captions per
+    image)."""
     from magclip.evaluation.clip import retrieval_from_features, with_specificity
 
-    first = {name: enc[name][:n] for name in ("image_features", "text_features", "captions", "keys", "metas")}
-    metrics = retrieval_from_features(first["image_features"], first["text_features"], first["captions"], scorers)
-    with_specificity(metrics, first, scorers)
+    metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers,
+                                      caption_counts=enc["caption_counts"])
+    with_specificity(metrics, enc, scorers)
     return {key[len(SPECIFICITY):]: value for key, value in metrics.items() if key.startswith(SPECIFICITY)}
 
 

@@ -5,8 +5,9 @@ and a text training run's validation alike (magclip.training.text_eval; RAG: mag
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -15,7 +16,15 @@ from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import length_report
 from magclip.evaluation import modes_entry
 from magclip.evaluation.index import export_index
-from magclip.metrics.ir import DEFAULT_METRICS, Qrels, Retrieval, backend_name, evaluate_run, parse_metric, search_run
+from magclip.metrics.ir import (
+    DEFAULT_METRICS,
+    Qrels,
+    Retrieval,
+    backend_name,
+    evaluate_run,
+    parse_metric,
+    search_run,
+)
 from magclip.metrics.ranks import RetrievalMetrics
 from magclip.metrics.sts import sts_from_scores, sts_pair_scores
 from magclip.models.text import BiEncoder
@@ -142,7 +151,8 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
                           metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
                           length_bins: int = 0, progress: bool = False,
                           export_index_to: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """{folder name: `evaluate_beir_data` of its split, + split, subset, wall_s and counted input warnings}."""
+    """{folder name: `evaluate_beir_data` of its split, + split, subset, wall_s, counted input warnings and the
+    read report (repeated document/query ids, the judged ones among them, queries without judgements)}."""
     results: dict[str, dict[str, Any]] = {}
     for folder in folders:
         data = load_beir(folder, split)
@@ -157,6 +167,7 @@ def evaluate_beir_folders(model: BiEncoder, folders: Sequence[str | Path], score
             m.update({"split": split, "subset": bool(max_queries or max_docs)})
         entry["wall_s"] = round(time.perf_counter() - t0, 2)
         entry["warnings"] = dict(data.warnings)  # counted input problems (unknown docs, empty queries, ...)
+        entry["read_report"] = dict(data.read_report)  # repeated ids, queries left out (magclip.data.beir)
         results[data.name] = entry
     return results
 

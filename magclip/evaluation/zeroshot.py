@@ -50,40 +50,38 @@ CLIP_benchmark's JSON files hold one entry per data set): prototypes are built o
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import json
 import logging
 import math
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 import magclip
-from magclip.data.shards import (
-    DEFAULT_MAX_IMAGE_PIXELS,
-    IMAGE_EXTS,
-    check_sample,
-    iter_tar_samples,
-)
 from magclip.data.classes import ClassSet, fill_template
-from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
-from magclip.data.urls import check_sources_exist
+from magclip.data.eval_sets import EvalSet, resolve_eval_set
+from magclip.data.image_folder import ImageFolderSet
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
-from magclip.evaluation.clip import encode_loader, retrieval_from_features
+from magclip.evaluation.clip import caption_items, caption_owners, retrieval_from_features
+from magclip.evaluation.encode import (
+    EncodedSet,
+    encode_image_folder,
+    encode_karpathy,
+    encode_shards,
+    encode_texts,
+)
 from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
 from magclip.metrics.classification import classification_metrics
-from magclip.metrics.ranks import items_digest
+from magclip.metrics.ranks import RetrievalMetrics, items_digest
+from magclip.metrics.relevance import MATCHING
 from magclip.modes import ScorerSpec
 from magclip.similarity import Scorer
 
@@ -93,143 +91,7 @@ TASKS = ZEROSHOT_TASKS
 TOP_K = (1, 5)  # classification accuracies reported (each k up to the number of classes)
 
 
-# ============================================================================ data
-
-
-@dataclass
-class EncodedSet:
-    """Raw features of one shard set, in sample order."""
-
-    keys: list[str]
-    image_features: Tensor
-    text_features: Tensor | None
-    captions: list[str] | None
-    labels: Tensor | None  # class indices (int64) when a class list was given
-    skipped: dict[str, int]
-    shards: list[str]  # empty for an image folder
-    files: int | None = None  # image files an image folder indexes (None for shards)
-
-
-def _label_of(members: dict[str, bytes], label_field: str | None, where: str) -> Any:
-    if label_field is None:
-        if "cls" not in members:
-            raise ValueError(f"{where} has no .cls label (use label_field / --label-field for a KEY.json field)")
-        return members["cls"].decode("utf-8").strip()
-    if "json" not in members:
-        raise ValueError(f"{where} has no .json, which should hold the label field {label_field!r}")
-    try:
-        meta = json.loads(members["json"])
-    except (json.JSONDecodeError, UnicodeDecodeError) as exn:
-        raise ValueError(f"{where}: .json is not valid JSON ({exn})") from exn
-    if not isinstance(meta, dict) or label_field not in meta:
-        raise ValueError(f"{where}: .json has no label field {label_field!r}")
-    return meta[label_field]
-
-
-def _progress(batches, desc: str, skipped: Counter, total: int | None = None):
-    """Batches passed through while a tqdm bar counts the images read, skipped ones included (so an
-    image folder's bar ends at its file count), with the skips so far; hidden when not a terminal."""
-    done = 0
-    with tqdm(total=total, desc=desc, unit="img", dynamic_ncols=True, disable=None) as bar:
-        for batch in batches:
-            bad = sum(skipped.values())
-            bar.update(done + len(batch["keys"]) + bad - bar.n)
-            done += len(batch["keys"])
-            if bad:
-                bar.set_postfix(skipped=bad)
-            yield batch
-        bar.update(done + sum(skipped.values()) - bar.n)
-
-
-@torch.no_grad()
-def encode_image_folder(model: EvalModel, folder: ImageFolderSet, *, batch_size: int = 256,
-                        device: str | torch.device = "cpu", workers: int = 0, desc: str = "encode images",
-                        max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> EncodedSet:
-    """Encode every readable image of an image folder with the model's own preprocess (raw
-    features, float32, on CPU); labels are class indices of `folder.classes`. Bad images are
-    skipped and counted by reason, like bad shard samples; none readable at all is an error."""
-    skipped: Counter[str] = Counter()
-    batches = folder.iter_batches(model.preprocess, batch_size, skipped, workers=workers,
-                                  max_image_pixels=max_image_pixels)
-    enc = encode_loader(model.clip, _progress(batches, desc, skipped, total=len(folder)), device, allow_empty=True)
-    if enc is None:
-        raise ValueError(f"no readable image in image folder {folder.root} ({len(folder)} files; skipped: "
-                         f"{dict(skipped) or 'none'})")
-    return EncodedSet(enc["keys"], enc["image_features"], None, None, torch.tensor(enc["labels"], dtype=torch.long),
-                      dict(skipped), [], len(folder))
-
-
-@torch.no_grad()
-def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = True,
-                  classes: ClassSet | None = None, label_field: str | None = None, batch_size: int = 256,
-                  device: str | torch.device = "cpu", desc: str = "encode samples",
-                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> EncodedSet:
-    """Read shards in order and encode every usable sample (raw features, float32, on CPU).
-
-    captions: retrieval needs KEY.txt; a shard whose images have no caption at all is an error that
-    names it; a single sample without one (or with an empty one) is skipped and counted.
-    classes: with a class list, every sample needs a label (KEY.cls, or KEY.json[label_field]) that
-    the list holds; a missing or unknown label is an error naming the shard, the key and the list
-    (raised while reading, before the rest is encoded).
-    """
-    flat = check_sources_exist(urls)
-    skipped: Counter[str] = Counter()
-    per_shard: dict[str, list[int]] = {}  # url -> [samples with an image, of which captioned]
-
-    def samples():
-        for url, key, members in iter_tar_samples(flat, skipped):
-            where = f"shard {url} key {key}"
-            if not any(e in members for e in IMAGE_EXTS):
-                skipped["missing_image"] += 1
-                continue
-            counts = per_shard.setdefault(url, [0, 0])
-            counts[0] += 1
-            counts[1] += "txt" in members
-            good, reason, detail = check_sample(members, max_image_pixels, caption=captions)
-            if good is None:
-                skipped[reason] += 1
-                if "caption" not in reason:
-                    log.warning("skipped %s: %s: %s", reason, where, detail)
-                continue
-            label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
-            yield key, model.preprocess(good["image"]), good["caption"], label
-
-    def batches():
-        chunk: list = []
-        for sample in itertools.chain(samples(), [None]):
-            if sample is not None:
-                chunk.append(sample)
-            if chunk and (sample is None or len(chunk) >= batch_size):
-                keys, images, caps, labels = zip(*chunk)
-                batch = {"images": torch.stack(images), "keys": list(keys), "captions": list(caps), "labels": list(labels)}
-                if captions:
-                    batch["texts"] = model.tokenizer(list(caps))
-                chunk = []
-                yield batch
-
-    enc = encode_loader(model.clip, _progress(batches(), desc, skipped), device, allow_empty=True)
-    if captions:
-        uncaptioned = [u for u, (n, c) in per_shard.items() if n and not c]
-        if uncaptioned:
-            raise ValueError(f"shard {uncaptioned[0]} has no KEY.txt captions ({per_shard[uncaptioned[0]][0]} images): "
-                             "retrieval needs captions; for a classification-only set use task classification")
-    if enc is None:
-        raise ValueError(f"no usable sample in {urls!r} (skipped: {dict(skipped) or 'none'})")
-    return EncodedSet(enc["keys"], enc["image_features"], enc["text_features"] if captions else None,
-                      enc["captions"] if captions else None,
-                      torch.tensor(enc["labels"], dtype=torch.long) if classes is not None else None,
-                      dict(skipped), flat)
-
-
-@torch.no_grad()
-def encode_texts(model: EvalModel, texts: list[str], *, batch_size: int = 256,
-                 device: str | torch.device = "cpu") -> Tensor:
-    """Raw text features [N, D], float32 on CPU."""
-    out = []
-    for start in range(0, len(texts), batch_size):
-        tokens = model.tokenizer(texts[start:start + batch_size]).to(device)
-        out.append(model.clip.encode_text(tokens).float().cpu())
-    return torch.cat(out)
+# ============================================================================ class texts
 
 
 def class_text_features(model: EvalModel, names: Sequence[str], templates: Sequence[str | Callable[[str], str]],
@@ -272,12 +134,19 @@ def top_classes(image_features: Tensor, prototypes: Tensor, scorer: Scorer, k: i
 
 
 def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer: Scorer, classes: ClassSet,
-             exclude_groups: Sequence[str] = ()) -> dict[str, Any]:
+             exclude_groups: Sequence[str] = (), items: Sequence[str] | None = None) -> dict[str, Any]:
     """Metrics over all samples, without each excluded group and all of them, and top-1 per group.
-    Top-k only for k <= the number of classes (a top-5 of 3 classes would always be 1)."""
+    Top-k only for k <= the number of classes (a top-5 of 3 classes would always be 1). With `items` (the
+    samples' keys) each sample's top-k hits ride along (`per_sample`, a `RetrievalMetrics` whose values the
+    results file keeps beside it) for paired statistics."""
     ks = tuple(k for k in TOP_K if k <= len(classes))
     top = top_classes(image_features, prototypes, scorer, k=max(ks))
     out: dict[str, Any] = {"all": classification_metrics(top, labels, len(classes), ks)}
+    if items is not None:  # the hits themselves go beside the results file (<stem>.queries.npz), keyed per_sample.topK
+        out["per_sample"] = RetrievalMetrics({"num_samples": len(items)})
+        for k in ks:
+            out["per_sample"].add_values(f"top{k}", (top[:, :k] == labels.unsqueeze(1)).any(dim=1).double().numpy(),
+                                         items)
     if classes.groups is not None:
         group_of = np.array(classes.groups)[labels.numpy()]
         for g in exclude_groups:
@@ -293,9 +162,9 @@ def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer:
 
 def evaluate_zeroshot(
     model: EvalModel,
-    data: Mapping[str, str | ImageFolderSet],
+    data: Mapping[str, str | ImageFolderSet | EvalSet],
     *,
-    tasks: Sequence[str] = ("retrieval",),
+    tasks: Sequence[str] | Mapping[str, Sequence[str]] = ("retrieval",),
     classes: ClassSet | Mapping[str, ClassSet | None] | None = None,
     templates: Sequence[str | Callable[[str], str]] | Mapping[str, Sequence[str | Callable[[str], str]]] = ("{}",),
     label_field: str | None = None,
@@ -306,12 +175,17 @@ def evaluate_zeroshot(
     workers: int = 0,
     save_embeddings: str | Path | None = None,
     export_index: str | Path | None = None,
+    also_score: Mapping[str, Mapping[str, Scorer]] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` on named sets; returns the results (writes only embeddings, if asked).
 
-    data: {set: shard URLs, an image folder's path, or an opened `ImageFolderSet`}. classes and
-    templates: one for every set, or {set: ...} per set; an image folder without a class list of its
-    own is scored against its folder names. `workers`: DataLoader processes reading image folders.
+    data: {set: shard URLs, an image folder's path, an opened `ImageFolderSet`, or an `EvalSet`
+    (magclip.data.eval_sets: a CLIP_benchmark folder, a Karpathy file, shards with their caption key and
+    relevance rule)}. tasks: for every set, or {set: tasks}. classes and templates: one for every set, or
+    {set: ...} per set; an image folder without a class list of its own is scored against its folder names.
+    `workers`: DataLoader processes reading image files. `also_score`: {label: scorers per direction}
+    scored on the same features beside the model's own (`sets.<set>.also.<label>.metrics`; the suite's
+    cosine as CLIP_benchmark scores it).
 
     Everything is computed before anything is written; embeddings go to a temporary folder that is
     moved into place whole (one set: `save_embeddings/`; several: `save_embeddings/<set>/`; class
@@ -320,108 +194,94 @@ def evaluate_zeroshot(
     (`export_index/<set>/i2t`: the captions, searched by prepared images; `.../t2i`: the images,
     searched by prepared captions; magclip.evaluation.index).
     """
-    tasks = tuple(tasks)
-    bad = set(tasks) - set(TASKS)
-    if bad or not tasks:
-        raise ValueError(f"tasks must be a non-empty subset of {TASKS}, got {tasks}")
-    do_cls = "classification" in tasks
-    sources: dict[str, str | ImageFolderSet] = {}
+    sets_in = {name: _as_eval_set(name, src) for name, src in data.items()}
+    set_tasks = {name: _set_tasks(name, es, tasks[name] if isinstance(tasks, Mapping) else tasks)
+                 for name, es in sets_in.items()}
     set_classes: dict[str, ClassSet] = {}
     set_templates: dict[str, list[str | Callable[[str], str]]] = {}
-    for name, src in data.items():
+    for name, es in sets_in.items():
+        if "classification" not in set_tasks[name]:
+            continue
         given = classes.get(name) if isinstance(classes, Mapping) else classes
-        root = src.root if isinstance(src, ImageFolderSet) else resolve_image_folder(src, f"data set {name}")
-        if root is not None:
-            if "retrieval" in tasks:
-                raise ValueError(f"data set {name}: {root} is an image folder (no captions): task classification only")
-            src = src if isinstance(src, ImageFolderSet) else ImageFolderSet.open(root, given)
-            given = src.classes
-        elif do_cls and given is None:
-            raise ValueError(f"classification of data set {name} ({src}) needs a class list")
-        sources[name] = src
-        if do_cls:
-            assert given is not None
-            if exclude_groups and given.groups is None:
-                raise ValueError(f"excluding groups {list(exclude_groups)} needs a group field in the class list "
-                                 f"{given.source} (data set {name})")
-            set_classes[name] = given
-            if isinstance(templates, Mapping):
-                if name not in templates:
-                    raise ValueError(f"no templates for data set {name} (templates given for {sorted(templates)})")
-                set_templates[name] = list(templates[name])
-            else:
-                set_templates[name] = list(templates)
+        if es.layout == "image_folder":
+            es.opened = es.opened or ImageFolderSet.open(es.folder, given)
+            given = es.opened.classes
+        elif given is None:
+            raise ValueError(f"classification of data set {name} ({es.data}) needs a class list")
+        if exclude_groups and given.groups is None:
+            raise ValueError(f"excluding groups {list(exclude_groups)} needs a group field in the class list "
+                             f"{given.source} (data set {name})")
+        set_classes[name] = given
+        if isinstance(templates, Mapping):
+            if name not in templates:
+                raise ValueError(f"no templates for data set {name} (templates given for {sorted(templates)})")
+            set_templates[name] = list(templates[name])
+        else:
+            set_templates[name] = list(templates)
     model.clip.to(device).eval()
+    scorings = {"": model.scorers, **{label: dict(sc) for label, sc in (also_score or {}).items()}}
 
-    # prototypes once per distinct (class names, templates): a shared list is encoded once
-    text_feats: dict[tuple, tuple[Tensor, Tensor]] = {}
+    # class texts once per distinct (class names, templates): a shared list is encoded once
+    text_feats: dict[tuple, Tensor] = {}
     set_proto: dict[str, tuple] = {}
     for name, cs in set_classes.items():
         key = (tuple(cs.names), tuple(fill_template(t, "{}") for t in set_templates[name]))
         if key not in text_feats:
-            feats = class_text_features(model, cs.names, set_templates[name], batch_size=batch_size, device=device)
-            text_feats[key] = (feats, class_prototypes(feats, model.scorers["i2t"]))
+            text_feats[key] = class_text_features(model, cs.names, set_templates[name], batch_size=batch_size,
+                                                  device=device)
         set_proto[name] = key
 
     sets: dict[str, Any] = {}
     encoded: dict[str, EncodedSet] = {}
-    for name, src in sources.items():
-        folder = src if isinstance(src, ImageFolderSet) else None
-        if folder is not None:
-            log.info("encoding %s (image folder %s: %d files, %d classes)", name, folder.root, len(folder),
-                     len(folder.folders))
-            enc = encode_image_folder(model, folder, batch_size=batch_size, device=device, workers=workers,
-                                      desc=f"encode {name}")
-        else:
-            log.info("encoding %s (%s)", name, src)
-            enc = encode_shards(model, src, captions="retrieval" in tasks, classes=set_classes.get(name),
-                                label_field=label_field, batch_size=batch_size, device=device, desc=f"encode {name}")
-        entry: dict[str, Any] = {"data": str(folder.root) if folder is not None else src, **(set_info or {}).get(name, {})}
-        metrics: dict[str, Any] = {}
-        if "retrieval" in tasks:
-            assert enc.text_features is not None and enc.captions is not None
-            metrics["retrieval"] = retrieval_from_features(enc.image_features, enc.text_features, enc.captions,
-                                                           model.scorers)
-            metrics["retrieval"].item_digest = items_digest(enc.keys)  # its ranks pair only with runs on these samples
-        if do_cls:
-            assert enc.labels is not None
-            cs = set_classes[name]
-            metrics["classification"] = classify(enc.image_features, enc.labels, text_feats[set_proto[name]][1],
-                                                 model.scorers["i2t"], cs, exclude_groups)
-            entry["classification"] = _class_record(cs, set_templates[name],
-                                                    "class folder" if folder else label_field or "KEY.cls")
-            if folder is not None:  # which name each folder was scored as (positional lists are easy to misalign)
-                entry["classification"]["folder_classes"] = {f: cs.names[i] for f, i in zip(folder.folders, folder.labels)}
-        entry["metrics"] = metrics
-        entry["counts"] = {"samples": len(enc.keys),
-                           **({"files": enc.files} if folder is not None else {"shards": len(enc.shards)}),
-                           "skipped": enc.skipped, "skipped_total": sum(enc.skipped.values())}
-        if do_cls:
-            entry["counts"]["classes"] = len(set_classes[name])
-        if "retrieval" in tasks:
-            entry["counts"]["unique_captions"] = metrics["retrieval"]["num_unique_captions"]
+    for name, es in sets_in.items():
+        enc = encode_set(model, es, set_tasks[name], set_classes.get(name), label_field, batch_size=batch_size,
+                         device=device, workers=workers, name=name)
+        entry: dict[str, Any] = {**es.describe(), "tasks": list(set_tasks[name]), **(set_info or {}).get(name, {})}
+        for label, scorers in scorings.items():
+            protos = (class_prototypes(text_feats[set_proto[name]], scorers["i2t"]) if name in set_classes else None)
+            metrics = _score(enc, es, set_tasks[name], scorers, protos, set_classes.get(name), exclude_groups)
+            if label:
+                entry.setdefault("also", {})[label] = {"scorers": {d: sc.to_dict() for d, sc in scorers.items()},
+                                                       "metrics": metrics}
+            else:
+                entry["metrics"] = metrics
+        if name in set_classes:
+            entry["classification"] = _class_record(set_classes[name], set_templates[name],
+                                                    _label_source(es, label_field))
+            if es.layout == "image_folder":  # which name each folder was scored as (positional lists are easy to misalign)
+                folder = es.opened
+                entry["classification"]["folder_classes"] = {f: folder.classes.names[i]
+                                                             for f, i in zip(folder.folders, folder.labels)}
+        entry["counts"] = _counts(enc, es, set_classes.get(name))
         if enc.skipped:
-            what = "images" if folder is not None else "samples/shards"
+            what = "images" if es.layout in ("image_folder", "karpathy") else "samples/shards"
             entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
+        if enc.long_captions.get("long_captions"):
+            lc = enc.long_captions
+            entry["warning"] = "; ".join(filter(None, [entry.get("warning"), (
+                f"{lc['long_captions']} captions longer than the text tower's context of {lc['context_length']} tokens "
+                f"(the longest: {lc['longest_caption_tokens']}), truncated as open_clip does")]))
         sets[name] = entry
         encoded[name] = enc
 
     shared: dict[str, Any] = {}
-    if do_cls:  # the list every set shares (else None here, and each set's own under sets.<set>.classification)
-        records = [{k: v for k, v in s["classification"].items() if k != "folder_classes"} for s in sets.values()]
+    if set_classes:  # the list every set shares (else None here, and each set's own under sets.<set>.classification)
+        records = [{k: v for k, v in s["classification"].items() if k != "folder_classes"}
+                   for s in sets.values() if "classification" in s]
         shared = {k: (v if all(r[k] == v for r in records) else None) for k, v in records[0].items()}
+    all_tasks = sorted({t for ts in set_tasks.values() for t in ts}, key=TASKS.index)
     results: dict[str, Any] = {
         "model": model.model_name,
         "checkpoint": model.source.get("checkpoint"),
         "pretrained": model.source.get("pretrained"),
         "data": {name: entry["data"] for name, entry in sets.items()},
-        "scorers": {d: s.to_dict() for d, s in model.scorers.items()},
+        "scorers": {d: sc.to_dict() for d, sc in model.scorers.items()},
         "scorers_from": model.source.get("scorers_from"),
         "logit_scale": model.source.get("logit_scale"),  # recorded only; rankings do not depend on it
         "logit_bias": model.source.get("logit_bias"),  # the sigmoid loss's: a constant shift, no ranking change
-        "tasks": list(tasks),
-        "retrieval_matching": "caption identity" if "retrieval" in tasks else None,
-        "classification": None if not do_cls else {
+        "tasks": all_tasks,
+        "retrieval_matching": _matching_record(sets_in, set_tasks),
+        "classification": None if not set_classes else {
             **shared,
             "prototype_rule": ("normalize, mean, renormalize (open_clip)" if model.scorers["i2t"].gamma_d == 1.0
                                else "mean of prepare_docs(template features)"),
@@ -431,13 +291,98 @@ def evaluate_zeroshot(
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if save_embeddings is not None:
-        class_texts = {name: (set_classes[name], text_feats[set_proto[name]][0], set_templates[name])
+        class_texts = {name: (set_classes[name], text_feats[set_proto[name]], set_templates[name])
                        for name in set_classes}
         _save_embeddings(Path(save_embeddings), encoded, class_texts)
         results["embeddings"] = str(save_embeddings)
     if export_index is not None:
         results["index"] = _export_indexes(Path(export_index), encoded, model.scorers)
     return results
+
+
+def _as_eval_set(name: str, src: str | ImageFolderSet | EvalSet) -> EvalSet:
+    """A set given as shard URLs or an image folder's path, or an opened image folder, as an `EvalSet`."""
+    if isinstance(src, EvalSet):
+        return src
+    if isinstance(src, ImageFolderSet):
+        return EvalSet(name, "image_folder", str(src.root), "classification", "caption", folder=src.root, opened=src)
+    return resolve_eval_set(name, src)
+
+
+def _set_tasks(name: str, es: EvalSet, asked: Sequence[str]) -> tuple[str, ...]:
+    tasks = tuple(asked)
+    if not tasks or set(tasks) - set(TASKS):
+        raise ValueError(f"tasks must be a non-empty subset of {TASKS}, got {tasks}")
+    if es.task is not None and set(tasks) - {es.task}:
+        raise es.refuse_task(next(t for t in tasks if t != es.task), f"data set {name}")
+    return tasks
+
+
+@torch.no_grad()
+def encode_set(model: EvalModel, es: EvalSet, tasks: Sequence[str], classes: ClassSet | None,
+               label_field: str | None, *, batch_size: int, device: str | torch.device, workers: int,
+               name: str) -> EncodedSet:
+    """The raw features one set needs for `tasks`, read as its layout says."""
+    if es.layout == "image_folder":
+        folder = es.opened
+        log.info("encoding %s (image folder %s: %d files, %d classes)", name, folder.root, len(folder), len(folder.folders))
+        return encode_image_folder(model, folder, batch_size=batch_size, device=device, workers=workers,
+                                   desc=f"encode {name}")
+    if es.layout == "karpathy":
+        log.info("encoding %s (%s split %s: %d images)", name, es.karpathy.source, es.split, len(es.karpathy))
+        return encode_karpathy(model, es.karpathy, batch_size=batch_size, device=device, workers=workers,
+                               desc=f"encode {name}")
+    log.info("encoding %s (%s)", name, es.data)
+    return encode_shards(model, es.urls, captions="retrieval" in tasks, classes=classes,
+                         label_field=_shard_label_field(es, label_field), batch_size=batch_size, device=device,
+                         desc=f"encode {name}", caption_key=es.caption_key)
+
+
+def _shard_label_field(es: EvalSet, label_field: str | None) -> str | None:
+    return None if es.layout == "clip_benchmark" else label_field  # CLIP_benchmark's label is KEY.cls
+
+
+def _label_source(es: EvalSet, label_field: str | None) -> str:
+    if es.layout == "image_folder":
+        return "class folder"
+    return _shard_label_field(es, label_field) or "KEY.cls"
+
+
+def _score(enc: EncodedSet, es: EvalSet, tasks: Sequence[str], scorers: Mapping[str, Scorer],
+           prototypes: Tensor | None, classes: ClassSet | None, exclude_groups: Sequence[str]) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    if "retrieval" in tasks:
+        assert enc.text_features is not None and enc.captions is not None
+        retrieval = retrieval_from_features(enc.image_features, enc.text_features, enc.captions, scorers,
+                                            caption_counts=enc.caption_counts, matching=es.matching)
+        retrieval.item_digest = items_digest(caption_items(enc.keys, enc.caption_counts))  # pairs only on these items
+        retrieval.update(enc.long_captions)
+        metrics["retrieval"] = retrieval
+    if "classification" in tasks:
+        assert enc.labels is not None and prototypes is not None and classes is not None
+        metrics["classification"] = classify(enc.image_features, enc.labels, prototypes, scorers["i2t"], classes,
+                                             exclude_groups, items=enc.keys)
+    return metrics
+
+
+def _counts(enc: EncodedSet, es: EvalSet, classes: ClassSet | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"samples": len(enc.keys),
+                           **({"files": enc.files} if enc.files is not None else {"shards": len(enc.shards)}),
+                           "skipped": enc.skipped, "skipped_total": sum(enc.skipped.values())}
+    if classes is not None:
+        out["classes"] = len(classes)
+    if enc.captions is not None:
+        out["captions"] = len(enc.captions)
+        out["unique_captions"] = len(set(enc.captions))
+    return out
+
+
+def _matching_record(sets: Mapping[str, EvalSet], tasks: Mapping[str, Sequence[str]]) -> str | None:
+    """The retrieval relevance rule every retrieval set was scored by, or 'per set' (see sets.<set>.matching)."""
+    rules = {es.matching for name, es in sets.items() if "retrieval" in tasks[name]}
+    if not rules:
+        return None
+    return MATCHING[rules.pop()] if len(rules) == 1 else "per set (sets.<set>.matching)"
 
 
 def _class_record(classes: ClassSet, templates: Sequence[Any], label_field: str) -> dict[str, Any]:
@@ -447,14 +392,15 @@ def _class_record(classes: ClassSet, templates: Sequence[Any], label_field: str)
 
 
 def _export_indexes(root: Path, encoded: Mapping[str, EncodedSet], scorers: Mapping[str, Scorer]) -> dict[str, str]:
-    """{set/direction: folder} of the exported retrieval indexes (sets without captions have none)."""
+    """{set/direction: folder} of the exported retrieval indexes (sets without captions have none). The
+    i2t index holds every caption (id `KEY#j` for the j-th caption of an image with several, else KEY)."""
     out = {}
     for name, enc in encoded.items():
         if enc.text_features is None:
             continue
-        for direction, docs, sides in (("i2t", enc.text_features, ("image", "text")),
-                                       ("t2i", enc.image_features, ("text", "image"))):
-            folder = export_index(root / name / direction, docs, enc.keys, scorers[direction], queries=sides[0],
+        for direction, docs, ids, sides in (("i2t", enc.text_features, enc.caption_ids(), ("image", "text")),
+                                            ("t2i", enc.image_features, enc.keys, ("text", "image"))):
+            folder = export_index(root / name / direction, docs, ids, scorers[direction], queries=sides[0],
                                   documents=sides[1])
             out[f"{name}/{direction}"] = str(folder)
     return out
@@ -477,6 +423,8 @@ def _save_embeddings(root: Path, encoded: Mapping[str, EncodedSet],
             if enc.text_features is not None:
                 np.save(folder / "text_features.npy", enc.text_features.numpy())
                 (folder / "captions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in enc.captions or []))
+                if enc.multi_caption:  # the image of each caption: rows of image_features
+                    np.save(folder / "caption_image_index.npy", caption_owners(enc.caption_counts or []).numpy())
             (folder / "keys.txt").write_text("".join(k + "\n" for k in enc.keys))
             if enc.labels is not None:
                 np.save(folder / "labels.npy", enc.labels.numpy())
@@ -507,14 +455,17 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
     lines = [head, ""]
     sets = results.get("sets", {})
     if any("retrieval" in s["metrics"] for s in sets.values()):
-        lines += ["| set | domain | i→t R@1 | i→t R@5 | t→i R@1 | t→i R@5 | chance R@1 | samples | unique captions |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| set | domain | matching | i→t R@1 | i→t R@5 | t→i R@1 | t→i R@5 | chance R@1 i→t / t→i | "
+                  "images | captions | unique captions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, s in sets.items():
             m = s["metrics"].get("retrieval")
             if m:
-                lines.append(f"| {name} | {s.get('domain', '')} | {_pct(m['image_to_text_R@1'])} | "
-                             f"{_pct(m['image_to_text_R@5'])} | {_pct(m['text_to_image_R@1'])} | "
-                             f"{_pct(m['text_to_image_R@5'])} | {_pct(m['chance_R@1'])} | {m['num_samples']} | "
+                chance = (f"{_pct(m.get('image_to_text_chance_R@1', m['chance_R@1']))} / "
+                          f"{_pct(m.get('text_to_image_chance_R@1', m['chance_R@1']))}")
+                lines.append(f"| {name} | {s.get('domain', '')} | {s.get('matching', 'caption')} | "
+                             f"{_pct(m['image_to_text_R@1'])} | {_pct(m['image_to_text_R@5'])} | "
+                             f"{_pct(m['text_to_image_R@1'])} | {_pct(m['text_to_image_R@5'])} | {chance} | "
+                             f"{m['num_samples']} | {m.get('num_captions', m['num_samples'])} | "
                              f"{m['num_unique_captions']} |")
         lines.append("")
     if any("classification" in s["metrics"] for s in sets.values()):
@@ -541,7 +492,9 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
             lines.append(f"{name + ': ' if name else ''}{c.get('num_classes')}-way classification over "
                          f"{c.get('classes')} (chance top-1 {100 / max(1, c.get('num_classes') or 1):.3f} %), "
                          f"prototypes: {cls.get('prototype_rule')}.")
-    lines.append("Recall/accuracy in %; retrieval hits by caption identity (identical captions count as one).")
+    lines.append("Recall/accuracy in %; retrieval matching: " + "; ".join(f"{rule}: {text}" for rule, text in MATCHING.items()
+                                                                     if any(s.get("matching") == rule for s in sets.values()
+                                                                            if "retrieval" in s["metrics"])) + ".")
     warnings = [f"{n}: {s['warning']}" for n, s in sets.items() if s.get("warning")]
     if warnings:
         lines.append("WARNING skipped data — " + "; ".join(warnings))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from magclip.evaluation.suite import suite_outcomes
 from magclip.experiments import stats
 from magclip.experiments.report import format_p, interval, signed
 from magclip.metrics.ranks import DIGEST_MARK, load_query_values, queries_path
@@ -86,6 +87,27 @@ def compare_outputs(base_path: str | Path, row_path: str | Path, base_prefix: st
     return found, skipped
 
 
+def compare_suites(base: str | Path, row: str | Path,
+                   n_resamples: int = stats.N_RESAMPLES) -> tuple[list[PairedMetric], list[str]]:
+    """Two benchmark suites' outputs (magclip.evaluation.suite): ROW − BASE per set and metric, paired by query
+    on the images' and captions' R@k hits and the images' top-k classification hits; (paired metrics, one
+    line per metric that could not be paired)."""
+    a, b = suite_outcomes(base), suite_outcomes(row)
+    found, skipped = [], []
+    for key, (values_a, digest_a) in a.items():
+        if key not in b:
+            skipped.append(f"{key}: only in {base}")
+            continue
+        values_b, digest_b = b[key]
+        if values_a.shape != values_b.shape or digest_a != digest_b:
+            skipped.append(f"{key}: evaluated on different queries ({len(values_a)} vs {len(values_b)}, or another "
+                           "digest)")
+            continue
+        found.append(paired_metric(key, key, values_a, values_b, n_resamples))
+    skipped += [f"{key}: only in {row}" for key in b if key not in a]
+    return found, skipped
+
+
 def paired_metric(base_key: str, row_key: str, base: np.ndarray, row: np.ndarray,
                   n_resamples: int = stats.N_RESAMPLES) -> PairedMetric:
     d = (row - base)[None, :]
@@ -114,5 +136,6 @@ def as_records(found: list[PairedMetric]) -> list[dict[str, object]]:
     return [asdict(m) for m in found]
 
 
-__all__ = ["HIGHER", "LOWER", "PairedMetric", "as_records", "compare_outputs", "key_pairs", "markdown_table",
+__all__ = ["HIGHER", "LOWER", "PairedMetric", "as_records", "compare_outputs", "compare_suites", "key_pairs",
+           "markdown_table",
            "paired_metric", "per_query_values"]

@@ -3,16 +3,16 @@
 Why not open_clip's `get_clip_metrics`: it scores with a plain dot product of L2-normalised
 features (cosine only), materialises the full N x N logit matrix and argsorts it (O(N^2 log N)
 time, O(N^2) memory), and assumes exactly one caption per image. Here the documents are prepared
-once (`scorer.prepare_docs`), queries are prepared chunk by chunk, and for each query we only count
-the documents that score strictly higher than its best relevant document. That count equals the
-argsort position of the first relevant document when there are no ties, so on one-caption-per-image
-cosine data the numbers are open_clip's, with keys in the same format.
+once (`scorer.prepare_docs`), queries are prepared chunk by chunk, and for each query we count the
+non-relevant documents that score at least as high as its best relevant document. Without ties that
+count is the argsort position of the first relevant document, so on one-caption-per-image cosine
+data the numbers are open_clip's (and CLIP_benchmark's on its multi-caption sets), with keys in the
+same format; a tie never counts for the query.
 
-Relevance is defined by integer ids: document j is relevant to query i iff
-`doc_ids[j] == query_ids[i]`. With several captions per image, give each caption the index of its
-image (CLIP_benchmark's definition: an image query is a hit at k if ANY of its captions is in the
-top k). To score caption identity (duplicate captions count as one), give both sides ids of the
-caption string via `ids_from_labels`.
+Relevance (`magclip.metrics.relevance`): a `Relevance` per direction, built by `clip_relevance` from
+each caption's image and the rule ("image": CLIP_benchmark's, an image query is a hit at k if ANY of
+its captions is in the top k; "caption": caption identity, duplicate captions count as one), or
+integer ids (document j is relevant to query i iff `doc_ids[j] == query_ids[i]`).
 
 Per-query outcomes. `retrieval_metrics` returns a `RetrievalMetrics` (magclip.metrics.ranks): the
 plain dict of numbers (what results.json and metrics.jsonl record) that also carries the per-query
@@ -22,7 +22,7 @@ query = rank < k); magclip.metrics.ranks writes and reads them beside a results 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -39,13 +39,8 @@ from magclip.metrics.ranks import (  # noqa: F401  (the per-query ranks' file fo
     save_per_query_outcomes,
     save_ranks,
 )
+from magclip.metrics.relevance import Relevance, ids_from_labels  # noqa: F401  (re-exported)
 from magclip.similarity import Scorer
-
-
-def ids_from_labels(labels: Sequence[Hashable]) -> Tensor:
-    """Equal labels -> equal int64 ids (numbered in order of first appearance)."""
-    index: dict[Hashable, int] = {}
-    return torch.tensor([index.setdefault(label, len(index)) for label in labels], dtype=torch.long)
 
 
 @torch.no_grad()
@@ -53,68 +48,59 @@ def ranks_of_first_relevant(
     queries: Tensor,
     docs: Tensor,
     scorer: Scorer,
-    query_ids: Tensor,
-    doc_ids: Tensor,
+    query_ids: Tensor | None = None,
+    doc_ids: Tensor | None = None,
     *,
+    relevance: Relevance | None = None,
     chunk_size: int = 1024,
 ) -> Tensor:
     """0-based rank of each query's best-ranked relevant document, as an int64 tensor [Nq] on CPU.
 
-    rank = number of documents scoring strictly higher than the best relevant one (the argsort
-    position when there are no ties; ties are resolved in the query's favour). Peak memory is a
-    few chunk_size x Nd buffers, never Nq x Nd.
+    Relevance: `relevance`, or equal ids (`query_ids`, `doc_ids`). rank = the number of NON-relevant
+    documents scoring at least as high as the best relevant one: a tie never counts for the query
+    (the pessimistic rank). Without ties it is the argsort position, so the numbers are open_clip's
+    and CLIP_benchmark's; with ties (identical embeddings, e.g. captions cut to the same tokens) their
+    orders are whatever the sort returns, and crediting the query would make every tie a hit. Peak
+    memory is a few chunk_size x Nd buffers, never Nq x Nd.
     """
     _check_shapes(queries, docs, chunk_size)
-    query_ids = _as_ids(query_ids, len(queries), "query_ids").to(queries.device)
-    doc_ids = _as_ids(doc_ids, len(docs), "doc_ids").to(queries.device)
-    relevant = _RelevantDocs(query_ids, doc_ids)
+    if relevance is None:
+        if query_ids is None or doc_ids is None:
+            raise ValueError("pass relevance, or both query_ids and doc_ids")
+        relevance = Relevance.from_ids(_as_ids(query_ids, len(queries), "query_ids"),
+                                       _as_ids(doc_ids, len(docs), "doc_ids"))
+    if (relevance.num_queries, relevance.num_docs) != (len(queries), len(docs)):
+        raise ValueError(f"relevance is for {relevance.num_queries} queries x {relevance.num_docs} docs, "
+                         f"got {len(queries)} x {len(docs)}")
+    relevance.check_every_query_has_one()
+    relevance = relevance.to(queries.device)
     docs_p = scorer.prepare_docs(docs)
     ranks = []
     for start in range(0, len(queries), chunk_size):
         stop = min(start + chunk_size, len(queries))
         with torch.autocast(device_type=queries.device.type, enabled=False):
             scores = scorer.prepare_queries(queries[start:stop]) @ docs_p.T
-        best = relevant.best_scores(scores, start, stop)
-        # int32 sum: several times faster than the default int64 sum of a bool matrix on CPU
-        ranks.append((scores > best.unsqueeze(1)).sum(dim=1, dtype=torch.int32).long().cpu())
+        ranks.append(_pessimistic_ranks(scores, relevance, start, stop).cpu())
     return torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.long)
 
 
-class _RelevantDocs:
-    """Which docs are relevant to which query, kept as ranges over the docs sorted by id.
-
-    Why: a dense chunk x Nd relevance mask plus masked_fill costs more than the matmul itself; the
-    relevant pairs are usually few (1-5 per query), so the best relevant score is a cheap gather.
-    Raises if any query has no relevant doc, before any scoring is done.
-    """
-
-    def __init__(self, query_ids: Tensor, doc_ids: Tensor):
-        sorted_ids, self.order = torch.sort(doc_ids)
-        self.start = torch.searchsorted(sorted_ids, query_ids, side="left")
-        self.count = torch.searchsorted(sorted_ids, query_ids, side="right") - self.start
-        self.query_ids, self.doc_ids = query_ids, doc_ids
-        missing = self.count == 0
-        if missing.any():
-            first = missing.nonzero()[:5, 0].tolist()
-            raise ValueError(
-                f"{int(missing.sum())} of {len(query_ids)} queries have no relevant document "
-                f"(no doc id equals their query id; first such query indices: {first})"
-            )
-
-    def best_scores(self, scores: Tensor, start: int, stop: int) -> Tensor:
-        """[stop - start] best score among each query's relevant docs, read from `scores` itself
-        (recomputing it could differ in the last bit and make a doc outrank itself)."""
-        count = self.count[start:stop]
-        n_pairs = int(count.sum())
-        if n_pairs > scores.numel() // 8:  # many relevant docs per query (e.g. class ids): dense
-            mask = self.query_ids[start:stop].unsqueeze(1) == self.doc_ids.unsqueeze(0)
-            return scores.masked_fill(~mask, float("-inf")).amax(dim=1)
-        rows = torch.repeat_interleave(torch.arange(len(count), device=scores.device), count)
-        first_pair = torch.repeat_interleave(count.cumsum(0) - count, count)
-        offset = torch.arange(n_pairs, device=scores.device) - first_pair
-        cols = self.order[torch.repeat_interleave(self.start[start:stop], count) + offset]
-        best = torch.full((len(count),), float("-inf"), device=scores.device, dtype=scores.dtype)
-        return best.scatter_reduce_(0, rows, scores[rows, cols], reduce="amax")
+def _pessimistic_ranks(scores: Tensor, relevance: Relevance, start: int, stop: int) -> Tensor:
+    """Per row of `scores` (queries start..stop): non-relevant documents scoring >= the best relevant
+    score. The best relevant score is read from `scores` itself (recomputing it could differ in the
+    last bit and make a document outrank itself)."""
+    rows, cols = relevance.pairs(start, stop)
+    if len(cols) > scores.numel() // 8:  # many relevant docs per query (e.g. class ids): a dense mask
+        mask = relevance.mask(start, stop)
+        best = scores.masked_fill(~mask, float("-inf")).amax(dim=1, keepdim=True)
+        # int32 sums: several times faster than the default int64 sum of a bool matrix on CPU
+        return ((scores >= best) & ~mask).sum(dim=1, dtype=torch.int32).long()
+    relevant_scores = scores[rows, cols]
+    best = torch.full((stop - start,), float("-inf"), device=scores.device, dtype=scores.dtype)
+    best.scatter_reduce_(0, rows, relevant_scores, reduce="amax")
+    at_or_above = (scores >= best.unsqueeze(1)).sum(dim=1, dtype=torch.int32).long()
+    relevant_at_best = torch.zeros(stop - start, dtype=torch.long, device=scores.device)
+    relevant_at_best.scatter_add_(0, rows, (relevant_scores >= best[rows]).long())
+    return at_or_above - relevant_at_best
 
 
 def _check_shapes(queries: Tensor, docs: Tensor, chunk_size: int) -> None:
@@ -154,18 +140,24 @@ def retrieval_ranks(
     t2i: Scorer | None,
     image_ids: Tensor | None = None,
     text_ids: Tensor | None = None,
+    relevance: tuple[Relevance, Relevance] | None = None,
     chunk_size: int = 1024,
 ) -> dict[str, Tensor]:
     """Direction -> 0-based rank of each query's first relevant item (`ranks_of_first_relevant`), for
-    the directions that have a scorer."""
-    image_ids, text_ids = _default_ids(len(image_features), len(text_features), image_ids, text_ids)
+    the directions that have a scorer. Relevance: `relevance` = (image->text, text->image), e.g. from
+    `magclip.metrics.relevance.clip_relevance`, or equal ids (default: text i is image i's caption)."""
+    if relevance is None:
+        image_ids, text_ids = _default_ids(len(image_features), len(text_features), image_ids, text_ids)
+        image_ids = _as_ids(image_ids, len(image_features), "image_ids")
+        text_ids = _as_ids(text_ids, len(text_features), "text_ids")
+        relevance = (Relevance.from_ids(image_ids, text_ids), Relevance.from_ids(text_ids, image_ids))
     ranks = {}
-    for prefix, scorer, queries, docs, q_ids, d_ids in (
-        ("image_to_text", i2t, image_features, text_features, image_ids, text_ids),
-        ("text_to_image", t2i, text_features, image_features, text_ids, image_ids),
+    for prefix, scorer, queries, docs, rel in (
+        ("image_to_text", i2t, image_features, text_features, relevance[0]),
+        ("text_to_image", t2i, text_features, image_features, relevance[1]),
     ):
         if scorer is not None:
-            ranks[prefix] = ranks_of_first_relevant(queries, docs, scorer, q_ids, d_ids, chunk_size=chunk_size)
+            ranks[prefix] = ranks_of_first_relevant(queries, docs, scorer, relevance=rel, chunk_size=chunk_size)
     return ranks
 
 
@@ -177,19 +169,20 @@ def retrieval_metrics(
     t2i: Scorer | None,
     image_ids: Tensor | None = None,
     text_ids: Tensor | None = None,
+    relevance: tuple[Relevance, Relevance] | None = None,
     ks: Iterable[int] = (1, 5, 10),
     chunk_size: int = 1024,
 ) -> RetrievalMetrics:
     """Image->text (queries = images, scorer `i2t`) and text->image (queries = texts, scorer `t2i`).
 
     Keys as in open_clip's get_clip_metrics ("image_to_text_R@1", ...); a direction whose scorer is
-    None is omitted. ids default to arange, i.e. text i is the one caption of image i. The per-query
-    ranks ride along in `.ranks` (see `RetrievalMetrics`).
+    None is omitted. Relevance as in `retrieval_ranks`. The per-query ranks ride along in `.ranks`
+    (see `RetrievalMetrics`).
     """
     ks = tuple(ks)
     metrics = RetrievalMetrics()
     for prefix, ranks in retrieval_ranks(image_features, text_features, i2t=i2t, t2i=t2i, image_ids=image_ids,
-                                         text_ids=text_ids, chunk_size=chunk_size).items():
+                                         text_ids=text_ids, relevance=relevance, chunk_size=chunk_size).items():
         metrics.update(rank_metrics(ranks, prefix, ks))
         metrics.ranks[prefix] = compact(ranks.numpy())
     return metrics

@@ -26,15 +26,15 @@ import json
 import logging
 import math
 import os
-import pickle
 import re
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import open_clip
 import torch
-from safetensors import SafetensorError
 from torch import Tensor, nn
 from torchvision import transforms
 
@@ -46,6 +46,8 @@ __all__ = [
     "ClipBundle",
     "RawCLIP",
     "create_clip",
+    "loaded_weights",
+    "local_dir_weights",
     "register_model_configs",
     "resolve_config",
     "save_checkpoint_for_open_clip",
@@ -291,18 +293,13 @@ def create_clip(
             clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
                 name, pretrained=pretrained, device=device, **model_kwargs
             )
-    except (RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exn:
-        if pretrained is None or not Path(pretrained).is_file():
+    except HubUnavailableError:
+        raise
+    except Exception as exn:
+        error = _weights_error(exn, name, pretrained)
+        if error is None:
             raise
-        if not isinstance(exn, RuntimeError) or "PytorchStreamReader" in str(exn):
-            raise load_error(pretrained, exn) from None  # open_clip's torch.load (weights_only) refused the file
-        if "loading state_dict" not in str(exn):
-            raise
-        # torch lists every key and shape (kilobytes); say what does not fit, briefly
-        raise ValueError(
-            f"checkpoint {pretrained} does not fit model {name!r} ({_mismatch_summary(str(exn))}): "
-            "it was saved from another model config; pass the model it was trained with"
-        ) from None
+        raise error from None
     if lock_image:
         clip.lock_image_tower()
     if lock_text:
@@ -339,8 +336,66 @@ def _from_scratch_said_once(name: str, pretrained: str | None):
                  "tower still loads its own weights)", name)
 
 
-def _mismatch_summary(message: str, show: int = 3) -> str:
-    """A short summary of torch's `load_state_dict` error: missing/unexpected keys, size mismatches."""
+def _open_clip_stage(exn: BaseException) -> str | None:
+    """Where in open_clip's weight loading `exn` was raised: "read" (open_clip's `load_state_dict`: the file's
+    content), "fit" (its `load_checkpoint` past reading: converting, resizing and loading the state dict into
+    the model built from the config), or None (elsewhere: the config, the model code, the hub).
+
+    Why the call stack and not the exception type: a mismatch surfaces as torch's RuntimeError, open_clip's
+    own asserts (`resize_text_pos_embed`: "text pos_embed width changed!"), KeyErrors in its converters, ...;
+    the same types raised while building a model from a bad config are not about the weights.
+    """
+    stage = None
+    for frame, _ in traceback.walk_tb(exn.__traceback__):
+        if frame.f_globals.get("__name__") == "open_clip.factory":
+            if frame.f_code.co_name == "load_state_dict":
+                return "read"
+            if frame.f_code.co_name == "load_checkpoint":
+                stage = "fit"
+    return stage
+
+
+def local_dir_weights(folder: str | Path) -> Path | None:
+    """The weights file open_clip loads from a `local-dir:` folder (its pick: open_clip_model.safetensors
+    first, then other *.safetensors, *.bin, *.pth), None where it finds none and would build a random model."""
+    folder = Path(folder)
+    try:
+        from open_clip.factory import _find_checkpoint_in_dir  # open_clip's own rule, not a copy of it
+    except ImportError:  # a later open_clip without it: the same patterns
+        found = sorted(p for pattern in ("*.safetensors", "*.bin", "*.pth") for p in folder.glob(pattern))
+        return next((p for p in found if p.name == WEIGHTS_FILE), found[0] if found else None)
+    found = _find_checkpoint_in_dir(folder) if folder.is_dir() else None
+    return Path(found) if found else None
+
+
+def loaded_weights(name: str, pretrained: str | None) -> str | None:
+    """What open_clip loads weights from for (name, pretrained): `pretrained`, a `local-dir:` folder's own
+    weights file (the folder where it has none), or the hub name as given."""
+    if name.startswith("local-dir:"):
+        folder = name[len("local-dir:"):]
+        return str(local_dir_weights(folder) or folder)
+    return pretrained or (name if name.startswith("hf-hub:") else None)
+
+
+def _weights_error(exn: Exception, name: str, pretrained: str | None) -> Exception | None:
+    """One error naming the weights and the model for a failure while open_clip loaded the weights: a file it
+    could not read (`io.load_error`) or weights that do not fit the model's config; None for anything else."""
+    stage, weights = _open_clip_stage(exn), loaded_weights(name, pretrained)
+    if stage is None or weights is None or isinstance(exn, MemoryError):
+        return None
+    if stage == "read":
+        return load_error(weights, exn) if Path(weights).is_file() else None
+    if isinstance(exn, OSError):
+        return None
+    # torch lists every key and shape (kilobytes); say what does not fit, briefly
+    return ValueError(f"checkpoint {weights} does not fit model {name!r} ({_mismatch_summary(exn)}): it was saved "
+                      "from another model config; pass the model it was trained with")
+
+
+def _mismatch_summary(exn: BaseException, show: int = 3) -> str:
+    """A short summary of torch's `load_state_dict` error (missing/unexpected keys, size mismatches), or of
+    whichever of open_clip's checks refused the weights (its assert message, or the exception's type)."""
+    message = str(exn)
     parts = []
     for label, pattern in (("missing", r"Missing key\(s\) in state_dict: (.*)"),
                            ("unexpected", r"Unexpected key\(s\) in state_dict: (.*)")):
@@ -353,7 +408,12 @@ def _mismatch_summary(message: str, show: int = 3) -> str:
     if sizes:
         shown = "; ".join(f"{k}: checkpoint {a} vs model {b}" for k, a, b in sizes[:show])
         parts.append(f"{len(sizes)} shape mismatches, e.g. {shown}")
-    return "; ".join(parts) or message.splitlines()[0][:300]
+    if parts:
+        return "; ".join(parts)
+    frames = list(traceback.walk_tb(exn.__traceback__))
+    where = f" in {frames[-1][0].f_code.co_name}" if frames else ""  # e.g. open_clip's resize_text_pos_embed
+    first = message.splitlines()[0][:300] if message.strip() else ""
+    return f"{type(exn).__name__}{where}{': ' + first if first else ''}"
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -12,16 +12,21 @@ Normalization belongs to the `Scorer` (magclip.similarity): the model only encod
 - One shared tower, or separate query and passage towers (`shared=False` copies the weights).
 
 Folders. A sentence-transformers folder (modules.json + 1_Pooling + sentence_bert_config.json)
-loads with its own pooling, max length and prompts; its Normalize module is *not* applied (the
-mode says how to compare, `default_scorer` reports "cosine" for it). `save_pretrained` writes a
-folder that sentence-transformers loads with `SentenceTransformer(path)`:
+loads with its own pooling, max length and prompts. Every module of modules.json takes part, as
+`SentenceTransformer.encode` runs it, or the folder is refused in one line naming the module:
+Transformer -> Pooling (mean, cls, lasttoken) -> any of Dense, LayerNorm, Dropout (the LaBSE /
+distiluse / sentence-t5 layout; loaded with sentence-transformers' own classes, trained with the
+tower, saved back) -> Normalize. The Normalize module is *not* applied (the mode says how to
+compare, `default_scorer` reports "cosine" for it), so it must come last. `save_pretrained` writes
+a folder that sentence-transformers loads with `SentenceTransformer(path)`:
 
 - shared tower: the classic layout (HF weights + tokenizer at the root, `1_Pooling/`,
   `modules.json`, `sentence_bert_config.json` with max_seq_length = the passage max length,
-  `config_sentence_transformers.json` with prompts {"query", "document"}). No Normalize module:
-  `SentenceTransformer(path).encode_query / encode_document` return exactly the raw vectors;
+  `config_sentence_transformers.json` with prompts {"query", "document"}), then the modules after
+  Pooling (`2_Dense/`, ...). No Normalize module: `SentenceTransformer(path).encode_query /
+  encode_document` return exactly the raw vectors;
 - separate towers: a `Router` with routes "query" and "document" (sentence-transformers >= 5), each
-  route a Transformer (own max length) + Pooling;
+  route a Transformer (own max length) + Pooling (+ its own copies of the modules after Pooling);
 - both: `magclip_text.json` records pooling, prefixes, max lengths, towers and the scoring mode
   with its exponents (and the logit scale when trained), so magclip reloads the model *and* the
   similarity it was trained with. sentence-transformers' `similarity_fn_name` is set to the
@@ -36,10 +41,11 @@ import importlib.util
 import json
 import logging
 import pickle
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +64,15 @@ PKG_PREFIX = "pkg:"
 
 # sentence-transformers pooling names <-> ours
 _ST_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
-_ST_LEGACY_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
+# the legacy boolean keys of a Pooling config -> sentence-transformers' pooling names
+_ST_LEGACY_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                   "pooling_mode_lasttoken": "lasttoken", "pooling_mode_max_tokens": "max",
+                   "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                   "pooling_mode_weightedmean_tokens": "weightedmean"}
+# sentence-transformers modules that act on the pooled vector; run with sentence-transformers' own classes
+HEAD_MODULES = ("Dense", "LayerNorm", "Dropout")
+ST_LAYOUT = "Transformer -> Pooling (mean, cls, lasttoken) -> Dense / LayerNorm / Dropout -> Normalize"
+POOLED = "sentence_embedding"  # the features key sentence-transformers keeps the pooled vector under
 
 
 @dataclass
@@ -128,6 +142,25 @@ def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
     raise ValueError(f"unknown pooling {pooling!r}; allowed: {', '.join(POOLINGS)}")
 
 
+class PooledHead(nn.ModuleList):
+    """The sentence-transformers modules after Pooling (Dense, LayerNorm, Dropout), run on the pooled vector
+    as `SentenceTransformer` runs them: part of the tower, so they train and are saved with it. Empty for
+    a plain Transformer + Pooling model (then the identity, with no parameters)."""
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        features = {POOLED: pooled}
+        for module in self:
+            features = module(features)
+        return features[POOLED]
+
+    def out_dim(self, dim: int) -> int:
+        """The width of the vectors it returns for `dim`-wide pooled vectors."""
+        for module in self:
+            get = getattr(module, "get_embedding_dimension", None)
+            dim = int(get() or dim) if callable(get) else dim
+        return dim
+
+
 class BiEncoder(nn.Module):
     """Query and passage encoders (one shared tower or two) with pooling; outputs are raw.
 
@@ -137,13 +170,18 @@ class BiEncoder(nn.Module):
 
     def __init__(self, query_model: nn.Module, tokenizer, settings: TextEncoderSettings,
                  passage_model: nn.Module | None = None, passage_tokenizer=None,
-                 default_scorer: dict[str, Any] | None = None, source: str = ""):
+                 default_scorer: dict[str, Any] | None = None, source: str = "", *,
+                 query_head: PooledHead | None = None, passage_head: PooledHead | None = None):
         super().__init__()
         if settings.shared and passage_model is not None:
             raise ValueError("shared=True takes one tower; pass passage_model only with shared=False")
         if not settings.shared and passage_model is None:
             passage_model = copy.deepcopy(query_model)
         self.query_model = query_model
+        self.query_head = query_head if query_head is not None else PooledHead()
+        # the passage tower's own modules after Pooling (None when shared)
+        self.passage_head = None if settings.shared else (
+            passage_head if passage_head is not None else copy.deepcopy(self.query_head))
         self.encode_dtype: torch.dtype | None = None  # `encode`'s autocast dtype (bf16 encoding: --precision)
         self.passage_model = passage_model  # None when shared
         for tower in (query_model, passage_model):
@@ -163,15 +201,13 @@ class BiEncoder(nn.Module):
     def from_pretrained(cls, name_or_path: str | Path, *, pooling: str | None = None,
                         query_prefix: str | None = None, passage_prefix: str | None = None,
                         query_max_length: int | None = None, passage_max_length: int | None = None,
-                        shared: bool | None = None, **hf_kwargs) -> "BiEncoder":
+                        shared: bool | None = None, **hf_kwargs) -> BiEncoder:
         """Load a magclip folder, a sentence-transformers folder, or any HF encoder; given arguments override."""
-        from transformers import AutoTokenizer
-
         path = resolve_model_path(name_or_path)
         folder = Path(path)
-        overrides = {k: v for k, v in dict(pooling=pooling, query_prefix=query_prefix, passage_prefix=passage_prefix,
-                                           query_max_length=query_max_length, passage_max_length=passage_max_length,
-                                           shared=shared).items() if v is not None}
+        given = {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix,
+                 "query_max_length": query_max_length, "passage_max_length": passage_max_length, "shared": shared}
+        overrides = {k: v for k, v in given.items() if v is not None}
         if (folder / META_FILE).is_file():
             meta = json.loads((folder / META_FILE).read_text())
             base = _settings_from_dict(meta["settings"])
@@ -182,14 +218,17 @@ class BiEncoder(nn.Module):
             else:
                 q_dir, p_dir = folder / meta["towers"]["query"], folder / meta["towers"]["passage"]
             q_model = _load_encoder(q_dir, hf_kwargs)
-            tok = AutoTokenizer.from_pretrained(str(q_dir))
-            p_model = p_tok = None
+            tok = _load_tokenizer(q_dir)
+            q_head = _load_head(folder, _saved_layout(folder, "query", base.shared).head, _hidden_size(q_model))
+            p_model = p_tok = p_head = None
             if not base.shared:
                 p_model = _load_encoder(p_dir, hf_kwargs)
-                p_tok = AutoTokenizer.from_pretrained(str(p_dir))
+                p_tok = _load_tokenizer(p_dir)
+                p_head = _load_head(folder, _saved_layout(folder, "document", False).head, _hidden_size(p_model))
                 if settings.shared:
                     raise ValueError(f"{folder} holds separate towers; it cannot be loaded with shared=True")
-            model = cls(q_model, tok, settings, p_model, p_tok, scorer, source=str(name_or_path))
+            model = cls(q_model, tok, settings, p_model, p_tok, scorer, source=str(name_or_path),
+                        query_head=q_head, passage_head=p_head)
             model.trained_logit_scale = meta.get("logit_scale")
             return model
 
@@ -199,24 +238,36 @@ class BiEncoder(nn.Module):
         if st:
             settings_kwargs.update(st["settings"])
             scorer = st["scorer"]
+            path = str(folder / st["layout"].transformer)
         q_model = _load_encoder(path, hf_kwargs)
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = _load_tokenizer(path)
+        head = _load_head(folder, st["layout"].head, _hidden_size(q_model)) if st else None
         if "query_max_length" not in settings_kwargs:
             limit = _model_max_length(tok, q_model)
             settings_kwargs["query_max_length"] = settings_kwargs["passage_max_length"] = limit
         settings = TextEncoderSettings(**{**settings_kwargs, **overrides})
-        return cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path))
+        return cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path), query_head=head)
 
     # ------------------------------------------------------------------ encoding
     def tower(self, side: str) -> nn.Module:
         return self.passage_model if (_side(side) == "passage" and self.passage_model is not None) else self.query_model
 
+    def head(self, side: str) -> PooledHead:
+        """The modules after Pooling of the side's tower (empty for Transformer + Pooling)."""
+        return self.passage_head if (_side(side) == "passage" and self.passage_head is not None) else self.query_head
+
     def tokenizer_for(self, side: str):
         return self.passage_tokenizer if _side(side) == "passage" else self.tokenizer
 
     @property
+    def hidden_size(self) -> int:
+        """The width of the pooled token embeddings (what Pooling outputs)."""
+        return _hidden_size(self.query_model)
+
+    @property
     def dim(self) -> int:
-        return int(self.query_model.config.hidden_size)
+        """The width of the embeddings (after the modules that follow Pooling, e.g. a Dense projection)."""
+        return self.query_head.out_dim(self.hidden_size)
 
     @property
     def device(self) -> torch.device:
@@ -265,7 +316,7 @@ class BiEncoder(nn.Module):
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         hidden = model(**inputs).last_hidden_state
-        return pool(hidden, inputs["attention_mask"], self.settings.pooling)
+        return self.head(side)(pool(hidden, inputs["attention_mask"], self.settings.pooling))
 
     def forward(self, query_batch: dict[str, Tensor], passage_batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         return self.encode_tokens(query_batch, "query"), self.encode_tokens(passage_batch, "passage")
@@ -316,21 +367,27 @@ class BiEncoder(nn.Module):
                                 "source": self.source, **(extra or {})}
         if self.settings.shared:
             self._save_tower(path, "query", self.settings.passage_max_length)
-            _write_pooling(path / "1_Pooling", self.settings.pooling, self.dim)
+            _write_pooling(path / "1_Pooling", self.settings.pooling, self.hidden_size)
             modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+            modules += [{"idx": idx, "name": str(idx), "path": sub, "type": kind}
+                        for idx, (sub, kind) in enumerate(_save_head(path, self.query_head, ""), start=2)]
         else:
             towers = {"query": "query_0_Transformer", "passage": "document_0_Transformer"}
             for side, sub in towers.items():
                 self._save_tower(path / sub, side, self.settings.max_length(side))
             for sub in ("query_1_Pooling", "document_1_Pooling"):
-                _write_pooling(path / sub, self.settings.pooling, self.dim)
+                _write_pooling(path / sub, self.settings.pooling, self.hidden_size)
             types = {name: f"sentence_transformers.models.{name.split('_')[-1]}" for name in
                      ("query_0_Transformer", "query_1_Pooling", "document_0_Transformer", "document_1_Pooling")}
+            structure = {"query": ["query_0_Transformer", "query_1_Pooling"],
+                         "document": ["document_0_Transformer", "document_1_Pooling"]}
+            for route, side in (("query", "query"), ("document", "passage")):
+                for sub, kind in _save_head(path, self.head(side), f"{route}_"):
+                    types[sub] = kind
+                    structure[route].append(sub)
             atomic_write_json(path / "router_config.json", {
-                "types": types,
-                "structure": {"query": ["query_0_Transformer", "query_1_Pooling"],
-                              "document": ["document_0_Transformer", "document_1_Pooling"]},
+                "types": types, "structure": structure,
                 "parameters": {"default_route": "document", "allow_empty_key": True}})
             modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Router"}]
             meta["towers"] = towers
@@ -344,9 +401,11 @@ class BiEncoder(nn.Module):
 
     def _save_tower(self, folder: Path, side: str, max_length: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
+        tokenizer = self.tokenizer_for(side)
         self.tower(side).save_pretrained(str(folder), safe_serialization=True)
-        self.tokenizer_for(side).save_pretrained(str(folder))
-        atomic_write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_length, "do_lower_case": False})
+        tokenizer.save_pretrained(str(folder))
+        atomic_write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_length,
+                                                                 "do_lower_case": _added_lowercase(tokenizer)})
 
 
 # ---------------------------------------------------------------------- helpers
@@ -363,6 +422,10 @@ def _side(side: str) -> str:
 def _settings_from_dict(d: dict[str, Any]) -> TextEncoderSettings:
     known = {f.name for f in fields(TextEncoderSettings)}
     return TextEncoderSettings(**{k: v for k, v in d.items() if k in known})
+
+
+def _hidden_size(model: nn.Module) -> int:
+    return int(model.config.hidden_size)
 
 
 def _model_max_length(tokenizer, model) -> int:
@@ -400,36 +463,195 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
         raise error from None
 
 
+@dataclass
+class STLayout:
+    """Where a sentence-transformers pipeline keeps its parts (paths relative to the folder; "" = the root)."""
+
+    transformer: str
+    pooling: str
+    head: list[tuple[str, str]]   # (module class name, path) of Dense / LayerNorm / Dropout after Pooling
+    normalize: bool               # ends in Normalize (left to the scoring mode)
+
+
+def _module_kind(entry: dict[str, Any]) -> str | None:
+    """The class name of a sentence-transformers module entry; None for a type outside sentence-transformers."""
+    kind = str(entry.get("type", ""))
+    return kind.rsplit(".", 1)[-1] if kind.startswith("sentence_transformers.") else None
+
+
+def _st_layout(folder: Path, entries: list[dict[str, Any]]) -> STLayout:
+    """Check that every module takes part as magclip runs it (ST_LAYOUT), or refuse in one line naming the
+    module: a module magclip skipped would give other vectors than `SentenceTransformer.encode`."""
+    def refuse(entry: dict[str, Any], why: str) -> ValueError:
+        where = entry.get("path") or "the folder root"
+        return ValueError(f"{folder}: sentence-transformers module {entry.get('type')!r} ({where}) {why}; "
+                          f"magclip runs {ST_LAYOUT} (any other module: encode with sentence-transformers)")
+
+    if not entries or _module_kind(entries[0]) != "Transformer":
+        raise refuse(entries[0] if entries else {}, "comes first, where a Transformer must")
+    pooling_at = next((i for i, e in enumerate(entries) if _module_kind(e) == "Pooling"), None)
+    if pooling_at is None:
+        raise refuse(entries[-1], "ends the model without a Pooling module")
+    if pooling_at != 1:
+        raise refuse(entries[1], "sits between Transformer and Pooling, on the token embeddings")
+    head, normalize = [], False
+    for i, entry in enumerate(entries[2:], start=2):
+        kind = _module_kind(entry)
+        if kind is None:
+            raise refuse(entry, "is custom code, which magclip does not run")
+        if kind == "Normalize" and i == len(entries) - 1:
+            normalize = True
+        elif kind == "Normalize":
+            raise refuse(entry, "is followed by other modules, so the scoring mode cannot stand in for it")
+        elif kind in HEAD_MODULES:
+            head.append((kind, str(entry.get("path", ""))))
+        else:
+            raise refuse(entry, "is not supported after Pooling")
+    return STLayout(str(entries[0].get("path") or ""), str(entries[1].get("path") or ""), head, normalize)
+
+
+def _saved_layout(folder: Path, route: str, shared: bool) -> STLayout:
+    """The layout of a folder magclip saved: modules.json (shared tower) or one route of router_config.json."""
+    if shared:
+        return _st_layout(folder, json.loads((folder / "modules.json").read_text()))
+    router = json.loads((folder / "router_config.json").read_text())
+    return _st_layout(folder, [{"type": router["types"][sub], "path": sub} for sub in router["structure"][route]])
+
+
+def _st_module_class(kind: str) -> type:
+    """sentence-transformers' own class for a module name (its import path moved in sentence-transformers 6)."""
+    try:
+        from sentence_transformers.sentence_transformer import modules
+    except ImportError:   # sentence-transformers 5
+        from sentence_transformers import models as modules
+    return getattr(modules, kind)
+
+
+def _check_head_config(where: Path, kind: str, dim: int) -> None:
+    """Refuse, before loading, what sentence-transformers would run otherwise than its config says or what
+    does not fit the pooled width `dim`: a Dense on other features than the pooled vector, an activation it
+    would replace by Tanh (not a torch class: sentence-transformers only warns), a width mismatch."""
+    cfg_file = where / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    if kind == "Dense":
+        for key in ("module_input_name", "module_output_name"):
+            if cfg.get(key, POOLED) != POOLED:
+                raise ValueError(f"{cfg_file}: {key}={cfg[key]!r}; magclip runs a Dense module on the pooled "
+                                 f"vector only ({key}={POOLED!r})")
+        activation = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"))
+        if not activation.startswith("torch."):
+            raise ValueError(f"{cfg_file}: activation_function={activation!r} is not a torch class; "
+                             "sentence-transformers would silently use Tanh instead and magclip runs no custom code")
+    width = cfg.get("in_features") if kind == "Dense" else cfg.get("dimension") if kind == "LayerNorm" else None
+    if width is not None and int(width) != dim:
+        raise ValueError(f"{cfg_file}: the {kind} module takes {width}-wide vectors, the model before it gives {dim}")
+
+
+def _load_head(folder: Path, head: list[tuple[str, str]], dim: int) -> PooledHead:
+    """The modules after Pooling, each loaded by its own sentence-transformers class (weights from its
+    folder's model.safetensors or pytorch_model.bin, never unpickling code); a bad file is named in one line."""
+    from safetensors import SafetensorError
+
+    modules = PooledHead()
+    for kind, sub in head:
+        where = folder / sub
+        _check_head_config(where, kind, dim)
+        try:
+            module = _st_module_class(kind).load(str(where))
+        except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:
+            weights = next((where / f for f in WEIGHT_FILES if (where / f).is_file()), where)
+            error = load_error(weights, exn)
+            if error is not None and not (isinstance(exn, RuntimeError) and "PytorchStreamReader" not in str(exn)):
+                raise error from None
+            first = " ".join(" ".join(str(exn).splitlines()[:2]).split())
+            raise ValueError(f"{where}: the {kind} module does not load ({first[:300]})") from None
+        except ValueError as exn:   # no model.safetensors / pytorch_model.bin
+            raise ValueError(f"{where}: the {kind} module does not load ({str(exn).splitlines()[0]})") from None
+        modules.append(module.float())
+        dim = modules.out_dim(dim)
+    return modules
+
+
+def _load_tokenizer(folder: str | Path):
+    """The tokenizer of a Transformer folder, lowercasing where its sentence_bert_config.json says
+    do_lower_case=true: sentence-transformers then lowercases every text whatever the tokenizer does, by a
+    Lowercase step in the tokenizer's normalizer, added here the same way."""
+    from tokenizers.normalizers import Lowercase
+    from tokenizers.normalizers import Sequence as NormalizerSequence
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    config_file = Path(folder) / "sentence_bert_config.json"
+    if not (config_file.is_file() and json.loads(config_file.read_text()).get("do_lower_case")) \
+            or _lowercases(tokenizer):
+        return tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"{config_file}: do_lower_case=true with a tokenizer that is not a fast (tokenizers) one; "
+                         "magclip cannot lowercase its inputs as sentence-transformers does")
+    normalizer = backend.normalizer
+    backend.normalizer = NormalizerSequence([Lowercase(), *([normalizer] if normalizer is not None else [])])
+    return tokenizer
+
+
+def _lowercases(tokenizer) -> bool:
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return normalizer is not None and normalizer.normalize_str("A") == "a"
+
+
+def _added_lowercase(tokenizer) -> bool:
+    """Whether the tokenizer lowercases by a step `_load_tokenizer` added (do_lower_case=true), which its own
+    saved files do not keep: then the saved sentence_bert_config.json says do_lower_case=true again."""
+    return _lowercases(tokenizer) and getattr(tokenizer, "do_lower_case", None) is not True
+
+
+def _save_head(folder: Path, head: PooledHead, prefix: str) -> list[tuple[str, str]]:
+    """Write each module after Pooling with its own `save` (sentence-transformers' layout: `2_Dense/`, ...);
+    (sub folder, type) per module, for modules.json or router_config.json."""
+    saved = []
+    for idx, module in enumerate(head, start=2):
+        sub = f"{prefix}{idx}_{type(module).__name__}"
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        module.save(str(folder / sub), safe_serialization=True)
+        saved.append((sub, f"{type(module).__module__}.{type(module).__name__}"))
+    return saved
+
+
+def _pooling_mode(folder: Path, pooling_path: str) -> str:
+    """Our pooling for a Pooling module's config (either form), or a one-line refusal naming the file."""
+    cfg_file = folder / pooling_path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    what = "magclip pools mean, cls or lasttoken (max, weightedmean, mean_sqrt_len_tokens and concatenations " \
+           "are sentence-transformers' own: encode with it)"
+    if cfg.get("include_prompt") is False:
+        raise ValueError(f"{cfg_file}: include_prompt=false (the prompt's tokens left out of the pooling); "
+                         "magclip pools every token")
+    mode = cfg.get("pooling_mode")
+    if mode is None:   # the legacy boolean form; none set means mean, as sentence-transformers reads it
+        modes = [_ST_LEGACY_KEYS.get(k, k) for k, v in cfg.items() if k.startswith("pooling_mode") and v] or ["mean"]
+        mode = modes if len(modes) > 1 else modes[0]
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if isinstance(mode, list) or mode not in _ST_POOLING:
+        raise ValueError(f"{cfg_file}: pooling {mode!r}; {what}")
+    return _ST_POOLING[mode]
+
+
 def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:
-    """Pooling, max length, prompts and the intended similarity of a classic sentence-transformers folder."""
+    """Layout, pooling, max length, prompts and the intended similarity of a classic sentence-transformers folder."""
     modules_file = folder / "modules.json"
     if not modules_file.is_file():
         return {}
     modules = json.loads(modules_file.read_text())
     types = [m.get("type", "") for m in modules]
-    if any(t.endswith("Router") or t.endswith("Asym") for t in types):
+    if any(t.endswith(("Router", "Asym")) for t in types):
         raise ValueError(f"{folder} is a sentence-transformers Router model without {META_FILE}; not supported")
-    settings: dict[str, Any] = {}
-    normalize = any(t.endswith("Normalize") for t in types)
-    for m in modules:
-        if m.get("type", "").endswith("Pooling"):
-            cfg = json.loads((folder / m["path"] / "config.json").read_text())
-            mode = cfg.get("pooling_mode")
-            if mode is None:
-                active = [ours for key, ours in _ST_LEGACY_KEYS.items() if cfg.get(key)]
-                others = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v and k not in _ST_LEGACY_KEYS]
-                if len(active) != 1 or others:
-                    raise ValueError(f"{folder}: unsupported pooling {cfg}; magclip pools mean, cls or last")
-                settings["pooling"] = active[0]
-            else:
-                if isinstance(mode, list) or mode not in _ST_POOLING:
-                    raise ValueError(f"{folder}: unsupported pooling {mode!r}; magclip pools mean, cls or last")
-                settings["pooling"] = _ST_POOLING[mode]
-    sbert = folder / "sentence_bert_config.json"
-    if sbert.is_file():
-        max_len = json.loads(sbert.read_text()).get("max_seq_length")
-        if max_len:
-            settings["query_max_length"] = settings["passage_max_length"] = int(max_len)
+    layout = _st_layout(folder, modules)
+    settings: dict[str, Any] = {"pooling": _pooling_mode(folder, layout.pooling)}
+    sbert = folder / layout.transformer / "sentence_bert_config.json"
+    sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
+    if sbert_cfg.get("max_seq_length"):
+        settings["query_max_length"] = settings["passage_max_length"] = int(sbert_cfg["max_seq_length"])
     sim = "cosine"
     st_cfg = folder / "config_sentence_transformers.json"
     if st_cfg.is_file():
@@ -438,10 +660,10 @@ def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:
         settings["query_prefix"] = prompts.get("query", "")
         settings["passage_prefix"] = prompts.get("document", prompts.get("passage", ""))
         sim = cfg.get("similarity_fn_name") or "cosine"
-    mode = "cosine" if normalize or sim == "cosine" else ("dot" if sim == "dot" else "cosine")
+    mode = "cosine" if layout.normalize or sim == "cosine" else ("dot" if sim == "dot" else "cosine")
     gammas = {"cosine": (1.0, 1.0), "dot": (0.0, 0.0)}[mode]
     return {"settings": settings, "scorer": {"mode": mode, "gamma_q": gammas[0], "gamma_d": gammas[1]},
-            "normalize": normalize}
+            "normalize": layout.normalize, "layout": layout}
 
 
 def _write_pooling(folder: Path, pooling: str, dim: int) -> None:

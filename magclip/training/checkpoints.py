@@ -13,11 +13,13 @@ from it in a key that changes the experiment is refused (`magclip.config.RESUMAB
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +34,7 @@ log = logging.getLogger("magclip.training.checkpoints")
 CHECKPOINTS_DIR = "checkpoints"  # RUN/checkpoints
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
+WORLD_FILE = "world.json"  # the world size, per-process batch and sharding that wrote the checkpoint (the resume check)
 STATE_KEYS = ("module", "optimizer", "scheduler", "scaler", "loop", "rng")  # what state.pt holds
 
 
@@ -121,9 +124,12 @@ def saved_config(step: Path) -> tuple[dict[str, Any], Path] | None:
     return None
 
 
-def check_resume_config(current: dict[str, Any], step: Path) -> None:
+def check_resume_config(current: dict[str, Any], step: Path, world_size: int | None = None) -> None:
     """Refuse (ResumeConfigError, naming every differing key with both values) a resume of `step` whose
-    config changes the experiment; log the changes a resume may make. Reads only YAML."""
+    config changes the experiment; log the changes a resume may make. Reads only YAML and JSON.
+
+    On another number of processes (`world_size`) the global batch is what must stay: train.batch_size (per
+    process) may change so that batch size x processes equals the checkpoint's, and must where it would not."""
     found = saved_config(step)
     if found is None:
         log.warning("train.resume: %s records no config (no %s there or in its run folder); "
@@ -131,6 +137,7 @@ def check_resume_config(current: dict[str, Any], step: Path) -> None:
         return
     saved, source = found
     refused, allowed = experiment_differences(saved, current)
+    _check_global_batch(step, current, world_size, refused, allowed)
     for key, (old, new) in allowed.items():
         caveat = RESUME_CAVEATS.get(key)
         log.info("train.resume: %s %r -> %r%s", key, old, new, f" ({caveat})" if caveat else "")
@@ -140,6 +147,29 @@ def check_resume_config(current: dict[str, Any], step: Path) -> None:
             f"train.resume: {step} was trained with another experiment ({source}): {parts}. Resume with the "
             f"checkpoint's values, or start a new run (another name=); a resume may change only "
             f"{', '.join(RESUMABLE_KEYS)}")
+
+
+def _check_global_batch(step: Path, current: dict[str, Any], world_size: int | None, refused: dict, allowed: dict) -> None:
+    """The world-size rule of `check_resume_config`, on the refused/allowed differences (changed in place)."""
+    world_file = step / WORLD_FILE
+    if world_size is None or not world_file.is_file():
+        return
+    written = json.loads(world_file.read_text())
+    old_world, old_batch = written.get("world_size"), written.get("batch_size")
+    new_batch = current.get("train", {}).get("batch_size")
+    if not old_world or not old_batch or old_world == world_size:
+        return
+    refused.pop("train.batch_size", None)
+    if old_world * old_batch == world_size * new_batch:
+        allowed["train.batch_size"] = (old_batch, new_batch)
+        log.info("train.resume: %d processes where the checkpoint had %d; the global batch stays %d", world_size,
+                 old_world, world_size * new_batch)
+        return
+    keep = old_world * old_batch
+    hint = (f"train.batch_size={keep // world_size}" if keep % world_size == 0
+            else f"a number of processes that divides {keep}")
+    refused["global batch (train.batch_size x processes)"] = (
+        f"{old_batch} x {old_world} = {keep}", f"{new_batch} x {world_size} = {new_batch * world_size}; keep it with {hint}")
 
 
 class Checkpointer:
@@ -157,23 +187,48 @@ class Checkpointer:
     def save(self, module: nn.Module, state: dict[str, Any], step: int) -> Path:
         """checkpoints/step_N/{model files, state.pt, config.yaml}, written in a temp folder and renamed;
         then `latest` points at it. A failed write raises CheckpointWriteError naming the intact previous one."""
-        final = self.dir / f"step_{step:08d}"
-        tmp = self.dir / f".tmp_step_{step:08d}"
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+        self.begin(step)
+        return self.finish(module, state, step)
+
+    def tmp_dir(self, step: int) -> Path:
+        return self.dir / f".tmp_step_{step:08d}"
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary folder for step N's checkpoint (the main process; a sharded checkpoint's ranks then
+        write their shards into it before `finish`)."""
+        tmp = self.tmp_dir(step)
+        self.write_or_fail(step, lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
+        return tmp
+
+    def finish(self, module: nn.Module, state: dict[str, Any], step: int) -> Path:
+        """The model files, state.pt and config.yaml into the temporary folder, renamed into place; `latest` then
+        points at it."""
+        final, tmp = self.dir / f"step_{step:08d}", self.tmp_dir(step)
+
+        def write() -> None:
             self.save_model(module, tmp)
             atomic_torch_save(state, tmp / STATE_FILE)
             if self.run_config is not None:
                 atomic_write_text(tmp / CONFIG_FILE, yaml.safe_dump(self.run_config, sort_keys=False))
+            loop = state.get("loop", {})
+            atomic_write_text(tmp / WORLD_FILE, json.dumps({k: loop.get(k) for k in ("world_size", "batch_size",
+                                                                                   "sharding")}) + "\n")
             publish_dir(tmp, final)
             atomic_write_text(self.dir / "latest", final.name + "\n")
+
+        self.write_or_fail(step, write)
+        return final
+
+    def write_or_fail(self, step: int, write: Callable[[], object]) -> None:
+        """Run one write of step N's checkpoint; a failure removes the temporary folder and raises
+        CheckpointWriteError naming the intact previous checkpoint."""
+        try:
+            write()
         except BaseException as exn:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(self.tmp_dir(step), ignore_errors=True)
             if not isinstance(exn, (OSError, RuntimeError)):
                 raise
-            raise self._write_error(final, exn) from exn
-        return final
+            raise self._write_error(self.dir / f"step_{step:08d}", exn) from exn
 
     def _write_error(self, final: Path, exn: BaseException) -> RunWriteError:
         previous = latest_step(self.dir)

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from magclip.config import LossConfig, RunConfig, to_dict
+from magclip.data.eval_sets import EvalSet, resolve_eval_set
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
 from magclip.evaluation.clip import evaluate_retrieval
 from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
+from magclip.metrics.relevance import MATCHING
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
 from magclip.temperature import (
@@ -83,7 +87,8 @@ def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
     with its one Scorer (the image as query)."""
     if cfg.type == "siglip":
         spec = resolve_specs([cfg.mode], cfg.gamma_q, cfg.gamma_d, where="loss")[0]
-        return SigLIPLoss(Scorer.from_spec(spec), local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad)
+        return SigLIPLoss(Scorer.from_spec(spec), local_loss=cfg.local_loss, gather_with_grad=cfg.gather_with_grad,
+                          dist_impl=cfg.dist_impl)
     directions = {d: m for d, m in (("i2t", cfg.i2t), ("t2i", cfg.t2i)) if m is not None}
     specs = dict(zip(directions, resolve_specs(list(directions.values()), cfg.gamma_q, cfg.gamma_d, where="loss")))
     shared = next((Scorer.from_spec(s) for s in specs.values() if s.mode == "learnable"), None) \
@@ -172,19 +177,30 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                                  batch_size=cfg.train.batch_size, num_samples=num_samples, weights=cfg.data.train_weights,
                                  resampled=cfg.data.resampled, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer,
                                  workers=cfg.data.workers, seed=cfg.train.seed, epoch=epoch,
-                                 rank=accelerator.process_index, world_size=accelerator.num_processes)
+                                 rank=accelerator.process_index, world_size=accelerator.num_processes,
+                                 caption_key=cfg.data.caption_key)
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
     if scale_from_norms(cfg) and cfg.train.resume is None:
         _match_cosine_temperature(module, make_loader(0), cosine_scale_for(cfg.loss.type))
 
-    def eval_loader(urls: str):
-        return build_clip_loader(urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
-                                 batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
-                                 rank=0, world_size=1, drop_last=False)
+    def eval_loader(name: str, path: str) -> tuple[EvalSet, Any]:
+        """The set (its layout recognised) and a re-iterable source of its batches, every caption kept."""
+        es = resolve_eval_set(name, path, matching=cfg.eval.matching, caption_key=cfg.data.caption_key,
+                              where=f"data.{name}" if name == "val" else f"data.eval_sets.{name}")
+        if es.karpathy is not None:
+            return es, _Reiterable(lambda: es.karpathy.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
+                                                                    Counter(), workers=cfg.data.workers))
+        if es.urls is None:
+            raise ValueError(f"data.eval_sets.{name}: {path} is an image folder (classification): a training run "
+                             "evaluates retrieval; classify it with eval/zeroshot.py or eval/suite.py")
+        return es, build_clip_loader(es.urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
+                                     batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
+                                     rank=0, world_size=1, drop_last=False, caption_key=es.caption_key,
+                                     all_captions=True)
 
-    val_loader = eval_loader(val_urls) if val_urls else None
-    extra_loaders = {name: eval_loader(urls) for name, urls in cfg.data.eval_sets.items()}
+    val_set, val_loader = eval_loader("val", val_urls) if val_urls else (None, None)
+    extra = {name: eval_loader(name, path) for name, path in cfg.data.eval_sets.items()}
     if val_loader is None:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
@@ -195,7 +211,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         if val_loader is None:
             return {}
         with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # whatever the training autocast
-            return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device)
+            return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device,
+                                      matching=val_set.matching, tokenizer=bundle.tokenizer)
 
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
         bias = m.logit_bias.value if m.logit_bias is not None else None
@@ -211,12 +228,14 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         state = engine.fit()
         metrics = engine.run_evaluation()
         eval_sets = {}
-        if accelerator.is_main_process:
-            final = engine.unwrapped
-            for name, loader in extra_loaders.items():
+        final = engine.eval_module() if extra else None  # every process: under fsdp the shards are gathered
+        if accelerator.is_main_process and extra:
+            for name, (es, loader) in extra.items():
                 with torch.no_grad(), evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:
                     eval_sets[name] = evaluate_retrieval(final.clip.eval(), evaluation_scorers(final.loss.scorers),
-                                                         loader, accelerator.device)
+                                                         loader, accelerator.device, matching=es.matching,
+                                                         tokenizer=bundle.tokenizer)
+            engine.sharding.release(final)
         accelerator.wait_for_everyone()
         skipped = engine.reduce_counts(state.skipped_samples)
     finally:
@@ -225,12 +244,34 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(latest_checkpoint(engine)),
         "train_data": train_urls, "train_samples_per_epoch": num_samples, "val_data": val_urls,
-        "matching": "caption identity", "eval_precision": eval_precision,
+        **_matching_record(val_set, {name: es for name, (es, _) in extra.items()}),
+        "caption_key": cfg.data.caption_key, "eval_precision": eval_precision,
         "loss_type": cfg.loss.type, "scorers": final.loss.scorer_state(), "logit_scale": final.logit_scale.value,
         "logit_bias": final.logit_bias.value if final.logit_bias is not None else None,
         **loop_record(engine, state, skipped), "metrics": metrics, "eval_sets": eval_sets,
     }
     return write_results(results, run_dir, accelerator)
+
+
+class _Reiterable:
+    """A source of batches that a periodic validation can read again: a fresh iterator each time."""
+
+    def __init__(self, make: Callable[[], Iterable[dict[str, Any]]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.make())
+
+
+def _matching_record(val: EvalSet | None, extra: dict[str, EvalSet]) -> dict[str, Any]:
+    """How each evaluated set was read and scored: `matching` (the rule of data.val, or of the sets when there is no
+    val), `matching_rule` (its words) and `eval_data` (per set: layout, rule, split, caption key)."""
+    sets = {**({"val": val} if val is not None else {}), **extra}
+    if not sets:
+        return {"matching": None, "matching_rule": None, "eval_data": {}}
+    first = next(iter(sets.values())).matching
+    return {"matching": first, "matching_rule": MATCHING[first],
+            "eval_data": {name: es.describe() for name, es in sets.items()}}
 
 
 def keep_pretrained_temperature(module: CLIPTrainModule, cfg: RunConfig) -> None:
@@ -267,11 +308,23 @@ def format_results_table(results: dict[str, Any]) -> str:
     for data, m in sets.items():
         for name, label in (("image_to_text", "image→text"), ("text_to_image", "text→image")):
             if f"{name}_R@1" in m:
+                chance = m.get(f"{name}_chance_R@1", m["chance_R@1"])
                 rows.append(f"| {data} | {label} | {100 * m[f'{name}_R@1']:.2f} | {100 * m[f'{name}_R@5']:.2f} | "
                             f"{100 * m[f'{name}_R@10']:.2f} | {m[f'{name}_median_rank']:.0f} | "
-                            f"{100 * m['chance_R@1']:.2f} | {m['num_samples']} |")
+                            f"{100 * chance:.2f} | {_pairs(m)} |")
     if len(rows) == 2:  # no evaluation set
         return ("No retrieval evaluation: the run has no validation shards (data.val) or evaluation sets "
                 "(data.eval_sets).")
-    rows.append("\nRecall in %; a hit is any item carrying the matching caption (identical captions count as one).")
+    rule = results.get("matching_rule") or MATCHING["caption"]
+    rows.append(f"\nRecall in %; relevance: {rule}.")
+    long = [f"{data}: {m['long_captions']} captions longer than the context of {m['context_length']} tokens "
+            f"(longest {m['longest_caption_tokens']}), truncated" for data, m in sets.items() if m.get("long_captions")]
+    if long:
+        rows.append("WARNING " + "; ".join(long))
     return "\n".join(rows)
+
+
+def _pairs(m: dict[str, Any]) -> str:
+    """Images, and the captions where they are more."""
+    n, captions = m["num_samples"], m.get("num_captions", m["num_samples"])
+    return str(n) if captions == n else f"{n} images / {captions} captions"

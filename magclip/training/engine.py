@@ -33,10 +33,11 @@ import logging
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -58,8 +59,9 @@ from magclip.training.checkpoints import (
 from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.metrics_log import MetricsLog, ResumePoint
 from magclip.training.preemption import StopGuard, state_bytes
+from magclip.training.sharding import SHARDED_DIR, load_training_weights, make_sharding, save_sharded
 
-__all__ = ["CheckpointWriteError", "Engine", "RunWriteError", "LoopState", "NonFiniteLossError", "TrainModule"]
+__all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "RunWriteError", "TrainModule"]
 
 log = logging.getLogger("magclip.training.engine")
 
@@ -190,17 +192,23 @@ class Engine:
         self.evaluate = evaluate
         self.stop = stop or StopGuard([], cfg.time_limit)
         self.levers = self._apply_levers(module)
+        self.sharding = make_sharding(cfg.sharding, accelerator, resolve_precision(cfg.precision, accelerator.device)[0])
+        module = self.sharding.shard(module)  # before the optimizer: it holds the sharded parameters
+        self.levers["sharding"] = (f"{cfg.sharding} ({accelerator.num_processes} processes)" if cfg.sharding == "ddp"
+                                   else f"fsdp ({accelerator.num_processes} processes; parameters, gradients and "
+                                        "optimizer state sharded)")
         groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
         impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, self.total_steps))
         # the scheduler is stepped by hand once per optimizer step: accelerate's wrapper would
         # step it once per process, assuming a dataloader it sharded itself
-        self.model, self.optimizer = accelerator.prepare(module, optimizer)
-        self._unwrapped = accelerator.unwrap_model(self.model)  # once: unwrap_model probes the file system per call
-        # the fused kernel skips a non-finite step on the device (its found_inf), unless a loss scaler owns that
+        self.model, self.optimizer = self.sharding.prepare(module, optimizer)
+        self._unwrapped = self.sharding.unwrap(self.model)  # once: unwrap_model probes the file system per call
+        # the fused kernel skips a non-finite step on the device (its found_inf), unless a loss scaler owns that;
+        # sharded parameters take the host's decision (a found_inf beside DTensors is not dispatched)
         self._inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
-        self._skips_on_device = bool(impl.get("fused")) and accelerator.scaler is None
+        self._skips_on_device = bool(impl.get("fused")) and accelerator.scaler is None and not self.sharding.sharded
         self._pending: list[StepOutcome] = []
         if accelerator.is_main_process:
             log.info("speed levers: %s", "; ".join(f"{k}: {v}" for k, v in self.levers.items()))
@@ -229,9 +237,11 @@ class Engine:
         precision, why = resolve_precision(cfg.precision, self.acc.device)  # the rule make_accelerator applied
         levers = {"precision": f"{precision} ({why})"}
         towers = module.towers()
-        module.channels_last = use_channels_last(towers, cfg.channels_last)
-        levers["channels_last"] = ("on" if module.channels_last else
-                                   "off (no convolutions)" if cfg.channels_last else "off, as configured")
+        sharded = cfg.sharding == "fsdp"  # FSDP2 shards contiguous parameters only: channels_last weights are not
+        module.channels_last = use_channels_last(towers, cfg.channels_last and not sharded)
+        levers["channels_last"] = ("on" if module.channels_last else "off, as configured" if not cfg.channels_last
+                                   else "off (train.sharding=fsdp shards contiguous weights)" if sharded
+                                   else "off (no convolutions)")
         compiled = compile_module(towers, cfg.compile, cfg.compile_mode)
         levers["compile"] = f"on (mode {cfg.compile_mode})" if compiled else "off"
         return levers
@@ -357,6 +367,7 @@ class Engine:
         self.model.train()
         # buffers change in the forward pass (BatchNorm statistics, possibly to inf/NaN in an overflow):
         # a skipped step puts them back, so that it leaves no trace in the model
+        self.sharding.sync_buffers(self.unwrapped)
         buffers = [b.detach().clone() for b in self.unwrapped.buffers()]
         for b in micro_batches:
             self._count_skips(b)
@@ -368,6 +379,7 @@ class Engine:
             self.acc.backward(out["loss"])
         else:
             out = self._accumulated_backward(micro_batches)
+        self.sharding.after_backward(self.unwrapped)
         logged = self._logs_at(self.state.step + 1)  # the step being taken
         # mean feature norms for the log, kept as 0-d tensors (no device sync) and only on logged steps
         self._log_norms = ([f.detach().float().norm(dim=-1).mean() for f in features]
@@ -406,7 +418,7 @@ class Engine:
         out: dict[str, torch.Tensor] = {}
         for j, batch in enumerate(micro_batches):
             last = j == len(micro_batches) - 1
-            with (self.acc.no_sync(self.model) if not last else nullcontext()):
+            with (self.sharding.no_sync(self.model) if not last else nullcontext()):
                 with self.acc.autocast():
                     fresh = self.model(batch)
                     parts = [torch.cat([c[k] if i != j else fresh[k] for i, c in enumerate(cached)])
@@ -425,9 +437,7 @@ class Engine:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return torch.zeros((), device=self.acc.device)
-        if self.cfg.grad_clip:
-            return self.acc.clip_grad_norm_(params, self.cfg.grad_clip).detach()
-        return torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in params]))
+        return self.sharding.grad_norm(params, self.cfg.grad_clip)
 
     def _settle_steps(self) -> None:
         """Read the outcome of the steps taken since the last call (one host sync): count and report each
@@ -456,15 +466,23 @@ class Engine:
         if self.evaluate is None:
             return {}
         metrics = {}
+        self.model.eval()
+        module = self.eval_module()
         if self.acc.is_main_process:
-            self.model.eval()
             with torch.no_grad(), self.acc.autocast():
-                metrics = self.evaluate(self.unwrapped, self.state.step)
+                metrics = self.evaluate(module, self.state.step)
+            self.sharding.release(module)
             self.metrics.write({"step": self.state.step, "epoch": self.state.epoch,
                                 **{f"val/{k}": v for k, v in metrics.items()}})
         with naming_lost_ranks(f"the evaluation after step {self.state.step}"):
             self.acc.wait_for_everyone()
         return metrics
+
+    def eval_module(self) -> nn.Module | None:
+        """The module the main process evaluates: the model itself, or under fsdp the consolidated model (the
+        shards gathered); every process calls this, the main one gets the module (`sharding.release` it after)."""
+        with naming_lost_ranks("the gathering of the model for its evaluation"):
+            return self.sharding.eval_module(self.unwrapped)
 
     def _log(self, out: dict[str, torch.Tensor], samples_per_s: float) -> None:
         record: dict[str, Any] = {"step": self.state.step, "epoch": self.state.epoch,
@@ -498,7 +516,9 @@ class Engine:
         skips_by_rank = self._gather_counts(self.state.skipped_samples)  # a resume gives each rank its own back
         final = self.ckpt_dir / f"step_{self.state.step:08d}"
         t0 = time.perf_counter()
-        if self.acc.is_main_process:
+        if self.sharding.name == "fsdp":
+            self._save_sharded_checkpoint(skips_by_rank)
+        elif self.acc.is_main_process:
             state = self._training_state(skips_by_rank)
             self.stop.set_checkpoint_size(state_bytes(state))
             self.checkpointer.save(self.unwrapped, state, self.state.step)
@@ -507,29 +527,47 @@ class Engine:
         self._saved_step = self.state.step
         return final
 
-    def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None) -> dict[str, Any]:
+    def _save_sharded_checkpoint(self, skips_by_rank: list[dict[str, int]]) -> None:
+        """Every rank writes its shards (DCP) into the step's temporary folder; the main process adds the consolidated
+        model files and state.pt and renames the folder into place (a kill leaves the previous checkpoint whole)."""
+        step = self.state.step
+        self.sharding.sync_buffers(self.unwrapped)  # rank 0's BatchNorm statistics, whichever rank writes them
+        tmp = self.checkpointer.begin(step) if self.acc.is_main_process else self.checkpointer.tmp_dir(step)
+        with naming_lost_ranks(f"the sharded checkpoint of step {step}"):
+            self.acc.wait_for_everyone()
+            self.checkpointer.write_or_fail(step, lambda: save_sharded(tmp / SHARDED_DIR, self.unwrapped, self.optimizer))
+            with self.sharding.full_module(self.unwrapped) as full:
+                if self.acc.is_main_process:
+                    state = self._training_state(skips_by_rank, sharded=True)
+                    self.stop.set_checkpoint_size(state_bytes(state) + _shard_bytes(tmp / SHARDED_DIR))
+                    self.checkpointer.finish(full, state, step)
+
+    def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None, sharded: bool = False) -> dict[str, Any]:
         return {
-            "module": {k: v for k, v in self.unwrapped.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            # under fsdp the model and optimizer state are the step folder's DCP shards (sharding.SHARDED_DIR)
+            "module": None if sharded else {k: v for k, v in self.unwrapped.state_dict().items()},
+            "optimizer": None if sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
             "loop": {"step": self.state.step, "epoch": self.state.epoch, "batches_in_epoch": self.state.batches_in_epoch,
                      "samples_seen": self.state.samples_seen, "skipped_samples": dict(self.state.skipped_samples),
                      "skipped_samples_by_rank": skips_by_rank or [dict(self.state.skipped_samples)],
                      "recent_losses": [float(x) for x in self._recent_losses],  # train_loss_recent after a resume
-                     "wall_s": self.wall_time_s(), "metrics_lines": self.metrics.lines},
+                     "wall_s": self.wall_time_s(), "metrics_lines": self.metrics.lines,
+                     "world_size": self.acc.num_processes, "batch_size": self.cfg.batch_size,
+                     "sharding": self.sharding.name},
             "rng": get_rng_state(),
         }
 
     def load_checkpoint(self, path: Path) -> None:
         state = self.checkpointer.load_state(path)
-        self.unwrapped.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        with naming_lost_ranks(f"the loading of checkpoint {path}"):
+            how = load_training_weights(path, state, self.unwrapped, self.optimizer, self.sharding)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["scaler"] is not None and self.acc.scaler is not None:
             self.acc.scaler.load_state_dict(state["scaler"])
         loop = state["loop"]
-        self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=loop["batches_in_epoch"],
+        self.state = LoopState(step=loop["step"], epoch=loop["epoch"], batches_in_epoch=self._data_position(loop),
                                samples_seen=loop["samples_seen"], skipped_samples=self._own_skips(loop),
                                wall_before_s=loop.get("wall_s", 0.0))
         if "wall_s" not in loop:
@@ -538,8 +576,19 @@ class Engine:
         self._recent_losses.extend(torch.tensor(x, device=self.acc.device) for x in loop.get("recent_losses", []))
         set_rng_state(state["rng"])
         self._resumed = ResumePoint(self.state.step, loop.get("metrics_lines"))
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step, self.state.epoch,
-                 self.state.batches_in_epoch)
+        log.info("resumed from %s at step %d (epoch %d, batch %d): %s", path, self.state.step, self.state.epoch,
+                 self.state.batches_in_epoch, how)
+
+    def _data_position(self, loop: dict[str, Any]) -> int:
+        position = resumed_data_position(loop, self.acc.num_processes, self.cfg.batch_size, self.cfg.accum_freq)
+        world = loop.get("world_size", self.acc.num_processes)
+        if world != self.acc.num_processes and loop["batches_in_epoch"]:
+            (log.warning if self.acc.is_main_process else log.debug)(
+                "the checkpoint was written by %d processes, this run has %d: the epoch in progress continues from "
+                "micro-batch %d on every rank (the same share of the epoch); its shards are split over the ranks anew, "
+                "so until the epoch ends some samples are read twice and others not at all", world,
+                self.acc.num_processes, position)
+        return position
 
     def _own_skips(self, loop: dict[str, Any]) -> Counter:
         """This rank's skip counts from a checkpoint: its own entry when the world size is unchanged; with
@@ -554,6 +603,25 @@ class Engine:
 
 def _sum_counts(counts: Iterable[dict[str, int]]) -> Counter:
     return sum((Counter(c) for c in counts), Counter())
+
+
+def resumed_data_position(loop: dict[str, Any], world_size: int, batch_size: int, accum_freq: int) -> int:
+    """This rank's micro-batches already taken of the epoch in progress, on resuming a checkpoint's `loop` state. On
+    the world size the checkpoint was written with, its own count (the run continues exactly). On another, the same
+    share of the epoch: the samples of the global batches taken so far, over the new global batch, rounded down to
+    whole steps. The shards are split over the ranks anew, so the new ranks' first batches of the epoch are skipped
+    without being the ones taken before: until the epoch ends some samples are read twice and others not at all
+    (later epochs are whole)."""
+    world = loop.get("world_size", world_size)
+    taken = loop["batches_in_epoch"]
+    if world == world_size or not taken:
+        return taken
+    samples = taken * loop.get("batch_size", batch_size) * world
+    return samples // (batch_size * world_size) // accum_freq * accum_freq
+
+
+def _shard_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("*") if f.is_file())
 
 
 def _batch_size(batch: dict) -> int:

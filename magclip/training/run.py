@@ -67,7 +67,7 @@ def prepare_run_dir(cfg: Any, accelerator: Accelerator) -> Path:
             tidy_interrupted_writes(ckpt_dir)
         start = resolve_resume(cfg.train.resume, ckpt_dir)
         if start is not None:
-            check_resume_config(to_dict(cfg), start)
+            check_resume_config(to_dict(cfg), start, accelerator.num_processes)
         elif run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
             _replace_earlier_run(cfg, run_dir)
         _claim(run_dir)
@@ -209,14 +209,13 @@ def latest_checkpoint(engine: Engine) -> Path:
 def loop_record(engine: Engine, state: LoopState, skipped: Counter) -> dict[str, Any]:
     """What every results.json holds about the loop: steps, epochs, samples, skips, recent loss, wall
     time (across resumes; `wall_time_earlier_s`: the part spent by the processes before the last resume),
-    and a digest of every rank's final parameters (equal on all ranks: the replicas stayed in step).
+    and a digest of the final parameters (`sharding.weights_record`: every replica's under ddp, equal on all
+    ranks; the consolidated weights' under fsdp, with every rank's digest of the replicated loss parameters).
     Every rank must call it."""
-    with distributed.naming_lost_ranks("the comparison of the final weights"):
-        digests = distributed.gather_objects(distributed.parameters_digest(engine.unwrapped))
-    if len(set(digests)) > 1:
-        log.warning("the ranks end with different weights (sha256 by rank: %s)", digests)
+    weights = engine.sharding.weights_record(engine.unwrapped)
     return {"steps": state.step, "epochs_completed": state.epoch, "samples_seen_per_rank": state.samples_seen,
-            "world_size": engine.acc.num_processes, "weights_sha256_by_rank": digests, "skipped_samples": dict(skipped),
+            "world_size": engine.acc.num_processes, "sharding": engine.sharding.name, **weights,
+            "skipped_samples": dict(skipped),
             "train_loss_recent": engine.recent_loss(), "speed_levers": dict(engine.levers),
             "wall_time_s": round(engine.wall_time_s(), 2), "wall_time_earlier_s": round(state.wall_before_s, 2)}
 

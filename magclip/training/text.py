@@ -27,7 +27,7 @@ from magclip.config import (
     to_dict,
 )
 from magclip.data.beir import beir_to_pairs
-from magclip.data.pairs import PairBatches, read_pairs, records_from_dicts, split_batch
+from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
 from magclip.models.text import BiEncoder, resolve_model_path
@@ -96,12 +96,17 @@ class TextTrainModule(TrainModule):
 
 # ---------------------------------------------------------------------------- training
 def load_records(cfg: TextDataConfig):
+    """(records, read-time skips, the columns each file's records came from: results.json's train_columns)."""
     if cfg.train is not None:
-        return read_pairs(cfg.train, cfg.max_records)
+        read = read_pairs_with_columns(cfg.train, cfg.max_records)
+        return read.records, read.skipped, read.columns
     rows = beir_to_pairs(cfg.beir, cfg.beir_split, random_negatives=cfg.random_negatives)
     if cfg.max_records is not None:
         rows = rows[:cfg.max_records]
-    return records_from_dicts(rows)
+    records, skipped = records_from_dicts(rows)
+    return records, skipped, [{"file": f"{cfg.beir} ({cfg.beir_split} qrels)", "records": len(records),
+                               "columns": {"query<-query, positive<-positive, negatives<-negatives": len(records)},
+                               "ignored": []}]
 
 
 def training_passage_tokens(cfg: TextDataConfig, encoder: BiEncoder) -> int | tuple[int, int] | None:
@@ -117,6 +122,16 @@ def training_passage_tokens(cfg: TextDataConfig, encoder: BiEncoder) -> int | tu
     return (cfg.passage_min_tokens, top)
 
 
+def check_enough_records(count: int, cfg: TextRunConfig, world_size: int) -> None:
+    """One optimizer step takes train.accum_freq global batches of train.batch_size x world_size records: with
+    fewer the first epoch would end before a step (a bare StopIteration in the loop), so say it at the start."""
+    need = cfg.train.batch_size * world_size * cfg.train.accum_freq
+    if count < need:
+        raise ConfigError(f"{cfg.data.train or cfg.data.beir}: {count} usable training records, fewer than one step "
+                          f"takes ({need} = train.batch_size {cfg.train.batch_size} x {world_size} processes x "
+                          f"train.accum_freq {cfg.train.accum_freq}); lower train.batch_size or add records")
+
+
 def train_text(cfg: TextRunConfig) -> dict[str, Any]:
     """Fine-tune a bi-encoder as configured; returns (and writes) the run's results. A signal of
     train.save_on_signal or train.time_limit ends it early with TrainingStopped (training/preemption.py)."""
@@ -129,9 +144,10 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     use_threads(cfg.train.threads, loader_workers=0)  # the text loader runs in the training process
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     torch.manual_seed(cfg.train.seed)
-    records, read_skips = load_records(cfg.data)
+    records, read_skips, train_columns = load_records(cfg.data)
     encoder = load_encoder(cfg.model)
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
+    check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
     scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
     loss = RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
@@ -198,6 +214,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
         "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
+        "train_columns": train_columns,
         "group_size": cfg.data.group_size, "negative_shortfall": first.negative_shortfall,
         "no_duplicates": cfg.data.no_duplicates, "batch_duplicates_epoch0": first.duplicates,
         "train_passage_tokens": list(passage_tokens) if isinstance(passage_tokens, tuple)
@@ -205,6 +222,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         "scorer": final.loss.scorer.to_dict(), "logit_scale": final.logit_scale.value,
         "doc_to_query": cfg.loss.doc_to_query, **loop_record(engine, state, skipped),
         START_KEY: zero_shot, f"{START_KEY}_source": start_source, "metrics": metrics,
+        "eval_read_report": eval_sets.read_reports(),
     }
     return write_results(results, run_dir, accelerator)
 

@@ -12,7 +12,14 @@ from magclip.data.qa import QAData, load_qa
 from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import flat_length_metrics
 from magclip.evaluation.rag import evaluate_rag
-from magclip.evaluation.text import beir_token_lengths, encoder_fn, evaluate_beir_data, evaluate_sts, same_sides, sts_path
+from magclip.evaluation.text import (
+    beir_token_lengths,
+    encoder_fn,
+    evaluate_beir_data,
+    evaluate_sts,
+    same_sides,
+    sts_path,
+)
 from magclip.metrics.ranks import RetrievalMetrics
 from magclip.models.text import BiEncoder
 from magclip.similarity import Scorer
@@ -30,8 +37,13 @@ class TextEvalSets:
     def __bool__(self) -> bool:
         return bool(self.beir or self.sts or self.rag)
 
+    def read_reports(self) -> dict[str, dict]:
+        """Per BEIR set, what reading it as BEIR reads it did (repeated ids, queries left out): results.json's
+        `eval_read_report` (empty on the processes that do not evaluate)."""
+        return {name: dict(data.read_report) for name, data in self.beir.items()}
+
     @classmethod
-    def load(cls, cfg: TextEvalConfig, model: BiEncoder) -> "TextEvalSets":
+    def load(cls, cfg: TextEvalConfig, model: BiEncoder) -> TextEvalSets:
         beir = {}
         for name, folder in cfg.beir.items():
             data = load_beir(folder, cfg.split)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from open_clip_train.train import get_clip_metrics
 
 from magclip import Scorer
+from magclip.metrics.relevance import clip_relevance
 from magclip.metrics.retrieval import (
     RetrievalMetrics,
     ids_from_labels,
@@ -148,11 +149,28 @@ def test_many_relevant_docs_per_query_dense_path_matches_brute_force():
     assert torch.equal(got, _brute_force_ranks(images, texts, scorer, image_ids, text_ids))
 
 
-def test_ties_count_only_strictly_higher_docs():
+def test_a_tie_never_counts_for_the_query():
+    """The pessimistic rank: every non-relevant document scoring as high as the best relevant one is ahead
+    of it; relevant documents tied with it are not (they are hits too)."""
     query = torch.tensor([[1.0, 0.0]])
     docs = torch.tensor([[2.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
     ranks = ranks_of_first_relevant(query, docs, Scorer("dot"), torch.tensor([5]), torch.tensor([0, 1, 5, 5]))
-    assert ranks.tolist() == [0]
+    assert ranks.tolist() == [2]
+
+
+@pytest.mark.parametrize("mode", ["cosine", "dot", "qnorm"])
+def test_identical_embeddings_score_no_hit(mode):
+    """Captions cut to the same tokens embed identically: every ranking is a tie, and R@1 must be what a
+    model that cannot tell them apart earns (0 here), not 100 % (crediting each tie to the query), while
+    open_clip's get_clip_metrics puts the true caption first only by the sort's accident."""
+    images = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    texts = torch.ones(40, 8)
+    for matching in ("image", "caption"):
+        captions = [f"caption {i}" for i in range(40)]
+        m = retrieval_metrics(images, texts, i2t=Scorer(mode), t2i=Scorer(mode),
+                              relevance=clip_relevance(captions, torch.arange(40), 40, matching))
+        assert m["image_to_text_R@1"] == 0.0 and m["image_to_text_R@10"] == 0.0
+        assert m["image_to_text_median_rank"] == 40.0  # 39 ties ahead of every query's caption
 
 
 def test_caption_identity_ids_from_labels():

@@ -241,3 +241,53 @@ def test_uint8_images_normalised_by_the_model_equal_open_clips_float_transform(n
     with torch.no_grad():
         assert torch.equal(model.encode_image(got[None]), model.encode_image(want[None]))
     assert uint8_transform(lambda img: img) is None  # a transform of another shape is left as it is
+
+
+def _tiny_resnet_variant(tmp_path: Path, name: str, **text_cfg) -> str:
+    """tiny-resnet's config with other text-tower settings, as a JSON file named `name`."""
+    cfg = json.loads((CONFIG_DIR / "tiny-resnet.json").read_text())
+    cfg["text_cfg"].update(text_cfg)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+@pytest.fixture
+def resnet_weights(tmp_path) -> Path:
+    path = tmp_path / "weights" / "resnet.safetensors"
+    path.parent.mkdir()
+    save_checkpoint_for_open_clip(create_clip("tiny-resnet").model, path)
+    return path
+
+
+def test_weights_refused_by_open_clips_own_checks_do_not_fit(tmp_path, resnet_weights):
+    """A narrower text tower: open_clip refuses the weights in its own assert (resize_text_pos_embed), before
+    torch's load_state_dict; still the one line naming the weights and the model, not an AssertionError."""
+    narrow = _tiny_resnet_variant(tmp_path, "narrow-text", width=64)
+    with pytest.raises(ValueError) as err:
+        create_clip(narrow, str(resnet_weights))
+    msg = str(err.value)
+    assert msg.startswith(f"checkpoint {resnet_weights} does not fit model 'narrow-text' (AssertionError")
+    assert "pass the model it was trained with" in msg and "\n" not in msg
+    # the same weights in a folder of open_clip's hub layout whose config does not fit them
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": json.loads(Path(narrow).read_text())}))
+    (folder / "open_clip_model.safetensors").write_bytes(resnet_weights.read_bytes())
+    with pytest.raises(ValueError, match=f"checkpoint {folder / 'open_clip_model.safetensors'} does not fit model "
+                                         f"'local-dir:{folder}'"):
+        create_clip(f"local-dir:{folder}")
+
+
+def test_a_config_that_cannot_be_built_is_not_blamed_on_the_weights(tmp_path, resnet_weights):
+    """The same exception types raised while building the model from its config are not a weights mismatch."""
+    odd = _tiny_resnet_variant(tmp_path, "odd-heads", width=130)  # 130 is not divisible by 4 heads
+    with pytest.raises(AssertionError, match="divisible"):
+        create_clip(odd, str(resnet_weights))
+
+
+def test_a_file_that_holds_no_state_dict_is_named(tmp_path):
+    path = tmp_path / "list.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match=f"{path} is damaged: truncated, or not a file written by torch.save"):
+        create_clip("tiny-resnet", str(path))

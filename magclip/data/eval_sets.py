@@ -1,0 +1,160 @@
+"""What an evaluation set path is, told apart by its layout before anything heavy loads.
+
+`resolve_eval_set(name, path, ...)` recognises, in this order:
+
+| layout | what the path is | task | relevance (`matching`) |
+|---|---|---|---|
+| clip_benchmark | a CLIP_benchmark webdataset folder (magclip.data.clip_benchmark) | its dataset_type.txt | image |
+| karpathy | a Karpathy split file, dataset_coco.json ... (magclip.data.karpathy) | retrieval | image |
+| image_folder | class sub-folders of images (torchvision's ImageFolder) | classification | - |
+| shards | webdataset shards: a pattern, '::'-joined sources, a folder of .tar; `synthetic:val` the embedded scenes | retrieval, or classification with a class list | caption |
+
+The relevance rule follows the layout: the benchmarks' own sets are scored as their papers and
+CLIP_benchmark score them (by image); magclip's and img2dataset's shards by caption identity, which
+their duplicate captions need. Either can be asked for (`matching`), and every result records the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from magclip.config import MATCHINGS
+from magclip.data.captions import TXT, CaptionKey
+from magclip.data.classes import ClassSet, load_classes, resolve_templates
+from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder
+from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
+from magclip.data.karpathy import KarpathySet, is_karpathy_file
+from magclip.data.urls import check_sources_exist
+
+TASKS = ("retrieval", "classification")  # the zero-shot tasks (magclip.evaluation.ZEROSHOT_TASKS)
+LAYOUT_NAMES = {"clip_benchmark": "a CLIP_benchmark folder", "karpathy": "a Karpathy split file",
+                "image_folder": "an image folder", "shards": "shards"}
+SYNTHETIC_PREFIX = "synthetic:"  # synthetic:val / synthetic:train, the embedded scenes (generated on first use)
+LAYOUT_MATCHING = {"clip_benchmark": "image", "karpathy": "image", "shards": "caption", "image_folder": "caption"}
+
+
+@dataclass
+class EvalSet:
+    """One named evaluation set, its layout recognised and checked."""
+
+    name: str
+    layout: str                     # LAYOUT_MATCHING's keys
+    data: str                       # the path or pattern as given
+    task: str | None                # the layout's own task; None: shards, retrieval unless a class list is given
+    matching: str                   # "image" or "caption" (magclip.metrics.relevance)
+    caption_key: str = TXT
+    split: str | None = None
+    urls: str | None = None         # shards (clip_benchmark: its split's {0..n-1}.tar)
+    folder: Path | None = None      # image_folder
+    opened: ImageFolderSet | None = None  # image_folder, indexed and matched to its class list
+    karpathy: KarpathySet | None = None
+    classes: str | None = None      # the layout's class list (clip_benchmark: classnames.txt)
+    templates: str | None = None    # the layout's template file (clip_benchmark: zeroshot_classification_templates.txt)
+
+    def refuse_task(self, task: str, where: str) -> ValueError:
+        """The error for a task this set's layout cannot do."""
+        why = " (no captions): retrieval needs captions" if task == "retrieval" else ""
+        return ValueError(f"{where}: {self.data} is {LAYOUT_NAMES[self.layout]}{why}; it is scored for {self.task} "
+                          f"only: use --task {self.task}")
+
+    def describe(self) -> dict[str, object]:
+        """What results.json records about where the set came from and how it was read."""
+        out: dict[str, object] = {"data": self.data, "layout": self.layout, "matching": self.matching}
+        if self.split is not None:
+            out["split"] = self.split
+        if self.layout in ("shards", "clip_benchmark"):
+            out["caption_key"] = self.caption_key
+        if self.karpathy is not None:
+            out["images"] = str(self.karpathy.images)
+        return out
+
+
+def resolve_eval_set(name: str, path: str, *, split: str | None = None, matching: str | None = None,
+                     caption_key: str | None = None, images: str | None = None, where: str | None = None) -> EvalSet:
+    """The set at `path` (see the module docstring); `where` names the flag or key in errors."""
+    where = where or f"data set {name}"
+    given = path
+    if path.startswith(SYNTHETIC_PREFIX):
+        path = synthetic_urls(path, where)
+    if matching is not None and matching not in MATCHINGS:
+        raise ValueError(f"{where}: matching {matching!r}; allowed: {', '.join(MATCHINGS)}")
+    if caption_key is not None:
+        CaptionKey(caption_key)
+    local = Path(path).expanduser()
+    if "::" not in path and "{" not in path and is_clip_benchmark_folder(local):
+        folder = open_clip_benchmark_folder(local, split)
+        return EvalSet(name, "clip_benchmark", path, folder.task, matching or "image", TXT,  # its captions: KEY.txt
+                       folder.split, urls=folder.urls,
+                       classes=str(folder.classnames) if folder.classnames is not None else None,
+                       templates=str(folder.templates) if folder.templates is not None else None)
+    if is_karpathy_file(local):
+        karpathy = KarpathySet.open(local, images, split)
+        return EvalSet(name, "karpathy", path, "retrieval", matching or "image", TXT, karpathy.split, karpathy=karpathy)
+    if split is not None:
+        raise ValueError(f"{where}: split {split!r} goes with a CLIP_benchmark folder or a Karpathy split file; "
+                         f"{path} is neither")
+    if images is not None:
+        raise ValueError(f"{where}: images: goes with a Karpathy split file (dataset_coco.json ...), not {path}")
+    folder_root = resolve_image_folder(path, where)
+    if folder_root is not None:
+        return EvalSet(name, "image_folder", path, "classification", matching or "caption", folder=folder_root)
+    check_sources_exist(path, where)
+    return EvalSet(name, "shards", given, None, matching or "caption", caption_key or TXT, urls=path)
+
+
+def eval_set_tasks(es: EvalSet, task: str | None, has_classes: bool, where: str) -> tuple[str, ...]:
+    """`task` (retrieval, classification or both), else the set's own (a CLIP_benchmark folder's dataset_type,
+    an image folder's classification, a Karpathy file's retrieval), else retrieval for shards, and
+    classification too with a class list. A task the layout cannot do is an error naming the set."""
+    if task is not None:
+        if task not in (*TASKS, "both"):
+            raise ValueError(f"{where}: task {task!r}; allowed: {', '.join(TASKS)}, both")
+        asked = TASKS if task == "both" else (task,)
+        if es.task is not None and set(asked) - {es.task}:
+            raise es.refuse_task(next(t for t in asked if t != es.task), where)
+        return asked
+    if es.task is not None:
+        return (es.task,)
+    return TASKS if has_classes else ("retrieval",)
+
+
+def eval_set_classes(es: EvalSet, classes: str | None, *, lookup: Sequence[str], name_field: str = "name",
+                     key_field: str | None = None, group_field: str | None = None) -> ClassSet | None:
+    """The class list a set is classified against: `classes`, else the set's own (a CLIP_benchmark folder's
+    classnames.txt); None where there is neither (an image folder then uses its folder names)."""
+    path = classes or es.classes
+    if path is None:
+        return None
+    return load_classes(path, name_field=name_field, key_field=key_field, group_field=group_field, lookup=lookup)
+
+
+def eval_set_templates(es: EvalSet, templates: Sequence[str] | None, lookup: Sequence[str], where: str) -> list:
+    """`templates` (presets, strings, files: magclip.data.classes.resolve_templates), else the set's own file;
+    a CLIP_benchmark folder with neither is refused as CLIP_benchmark refuses it."""
+    if not templates and es.layout == "clip_benchmark" and es.templates is None:
+        raise ValueError(f"{where}: {es.data} has no zeroshot_classification_templates.txt (CLIP_benchmark refuses "
+                         "such a folder for classification): give templates")
+    return resolve_templates(list(templates) if templates else ([es.templates] if es.templates else None), lookup)
+
+
+def lookup_keys(name: str, es: EvalSet | None, class_set: str | None) -> list[str]:
+    """Keys to look a set up by in CLIP_benchmark's {data set: ...} JSON files: `class_set`, else the set's
+    name, then its folder's name (`--data ~/data/cifar10` finds "cifar10")."""
+    if class_set:
+        return [class_set]
+    folder = Path(es.data).expanduser().name if es is not None and es.layout != "shards" else None
+    return [name, *([folder] if folder and folder != name else [])]
+
+
+def synthetic_urls(spec: str, where: str) -> str:
+    """`synthetic:val` / `synthetic:train`: the embedded scenes' shards at the default size (generated once,
+    magclip.data.synthetic)."""
+    from magclip.data.synthetic import ensure_synthetic
+
+    split = spec[len(SYNTHETIC_PREFIX):]
+    if split not in ("val", "train"):
+        raise ValueError(f"{where}: {spec!r}: the synthetic scenes have the splits synthetic:val and synthetic:train")
+    data = ensure_synthetic()
+    return data.val_urls if split == "val" else data.train_urls

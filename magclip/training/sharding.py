@@ -1,0 +1,371 @@
+"""Where a run's parameters live across processes (`train.sharding`), beside the loop as torchtitan keeps it.
+
+- `ddp` (the default): every process holds the whole model, its gradients and AdamW's two moments
+  (16 bytes a parameter in fp32), and accelerate's DistributedDataParallel averages the gradients.
+- `fsdp`: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) shards the parameters, gradients and
+  optimizer state of the towers across the processes: about 16/N bytes a parameter. Each repeated block of
+  a tower (open_clip's residual blocks, a ResNet stage's bottlenecks, a BERT's or a decoder's layers:
+  `shard_units`) is its own unit, gathered just before its forward and freed after, then the tower itself.
+  With `train.precision` bf16 the gathered parameters and the compute are bf16 while the shards (the master
+  weights) and the gradient reduction stay fp32 (`MixedPrecisionPolicy`).
+
+The small loss parameters (logit scale, the sigmoid loss's bias, learnable γ) are not sharded: they stay
+replicated and identical on every rank, their gradients averaged over the ranks after each backward, as
+DDP averages them. accelerate (1.16) given an FSDP plugin on a CPU silently falls back to DDP, so the
+sharding is applied here, one code path on CPUs (gloo) and GPUs (NCCL); accelerate still provides the
+process group, the device and autocast.
+
+Checkpoints under `fsdp` (magclip.training.checkpoints): every rank writes its shard of the model and the
+optimizer with torch.distributed.checkpoint (DCP) into the step folder's `sharded/`, inside the same
+temporary folder that is renamed into place, so a kill leaves the previous checkpoint whole. The main
+process also writes the consolidated model (the open_clip or sentence-transformers folder that plain tools
+open), gathered from the shards. DCP reshards on load: a checkpoint written by N processes continues on M.
+Evaluation during and after training runs on the main process with the consolidated model
+(`FSDPSharding.eval_module`): the full weights for inference, not the 16 bytes a parameter of training.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from accelerate import Accelerator
+from torch import nn
+
+from magclip import distributed
+
+log = logging.getLogger("magclip.training.sharding")
+
+SHARDED_DIR = "sharded"  # a step folder's DCP checkpoint (model + optimizer), under fsdp
+
+
+def shard_units(tower: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a tower, each a FSDP unit: the children of a ModuleList or Sequential that are
+    all of one class, composite (they hold sub-modules) and hold parameters. Blocks are not searched inside
+    blocks. Models are data: no model name is looked at."""
+    units: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            kids = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
+            if kids and len({type(k) for k in kids}) == 1 and all(
+                    any(True for _ in k.children()) and any(True for _ in k.parameters()) for k in kids):
+                units.extend(kids)
+            else:
+                visit(child)
+
+    visit(tower)
+    return units
+
+
+class Sharding:
+    """`train.sharding: ddp`: accelerate's DistributedDataParallel over a full replica per process."""
+
+    name = "ddp"
+
+    def __init__(self, accelerator: Accelerator):
+        self.acc = accelerator
+
+    @property
+    def sharded(self) -> bool:
+        return False
+
+    def shard(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def prepare(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        return self.acc.prepare(module, optimizer)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return self.acc.unwrap_model(model)
+
+    def no_sync(self, model: nn.Module):
+        """Skip the gradient all-reduce of a micro-batch that is not the step's last."""
+        return self.acc.no_sync(model)
+
+    def sync_buffers(self, module: nn.Module) -> None:
+        """Rank 0's buffers on every rank (before a forward, before a checkpoint): DDP broadcasts them itself at
+        each forward."""
+
+    def after_backward(self, module: nn.Module) -> None:
+        """DDP averaged every gradient already."""
+
+    def grad_norm(self, params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+        """The total gradient norm (0-d tensor), the gradients clipped to `max_norm` when given."""
+        if max_norm:
+            return self.acc.clip_grad_norm_(params, max_norm).detach()
+        return torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in params]))
+
+    def eval_module(self, module: nn.Module) -> nn.Module | None:
+        """The module the main process evaluates (every process calls this; None on the others); give it back
+        to `release` after."""
+        return module if self.acc.is_main_process else None
+
+    def release(self, full: nn.Module | None) -> None:
+        """The end of an `eval_module`: nothing to free for a replica."""
+
+    @contextmanager
+    def full_module(self, module: nn.Module) -> Iterator[nn.Module | None]:
+        """The module with its full weights on the main process (for writing the model files); None elsewhere."""
+        yield module if self.acc.is_main_process else None
+
+    def weights_record(self, module: nn.Module) -> dict[str, Any]:
+        """results.json: a digest of every rank's final parameters (equal: the replicas stayed in step)."""
+        with distributed.naming_lost_ranks("the comparison of the final weights"):
+            digests = distributed.gather_objects(distributed.parameters_digest(module))
+        if len(set(digests)) > 1:
+            log.warning("the ranks end with different weights (sha256 by rank: %s)", digests)
+        return {"weights_sha256_by_rank": digests}
+
+    def memory_record(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes this process holds of parameters, gradients and optimizer state (what sharding divides)."""
+        return {"parameter_bytes": _bytes(local(p) for p in module.parameters()),
+                "gradient_bytes": _bytes(local(p.grad) for p in module.parameters() if p.grad is not None),
+                "optimizer_state_bytes": _bytes(local(v) for s in _inner(optimizer).state.values() for v in s.values()
+                                                if torch.is_tensor(v))}
+
+
+class FSDPSharding(Sharding):
+    """`train.sharding: fsdp`: FSDP2 over the towers' repeated blocks and roots; loss parameters replicated."""
+
+    name = "fsdp"
+
+    def __init__(self, accelerator: Accelerator, precision: str):
+        super().__init__(accelerator)
+        self.precision = precision
+        self._template: nn.Module | None = None   # the unsharded module's structure on the meta device
+        self._replicated: list[nn.Parameter] = []
+
+    @property
+    def sharded(self) -> bool:
+        return self.acc.num_processes > 1
+
+    def shard(self, module: nn.Module) -> nn.Module:
+        """fully_shard every tower's blocks, then the tower; keep a meta-device template of the whole module
+        (for the consolidated model files and evaluation) and the loss parameters replicated."""
+        self._template = _meta_copy(module)
+        self._replicated = list(module.loss_parameters())
+        if not self.sharded:
+            log.info("train.sharding=fsdp on one process: nothing to shard; checkpoints in the sharded format")
+            return module
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self._broadcast_from_rank0(module)
+        towers = module.towers()
+        # BatchNorm keeps fp32 running statistics and cannot take bf16 weights beside them: a tower with BatchNorm
+        # gathers fp32 parameters (autocast still computes its convolutions in bf16)
+        batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in towers.modules())
+        bf16 = self.precision == "bf16" and not batchnorm
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                  else MixedPrecisionPolicy())
+        units = shard_units(towers)
+        # a 0-d parameter (open_clip's own logit_scale, kept frozen beside the towers) cannot be sharded: replicated
+        scalars = {p for p in towers.parameters() if p.ndim == 0}
+        self._replicated += [p for p in scalars if p.requires_grad]
+        for unit in units:
+            fully_shard(unit, mp_policy=policy, ignored_params=scalars & set(unit.parameters()) or None)
+        # the root unit (embeddings, projections, the stem) is freed after the forward too, not kept gathered until the
+        # backward as FSDP2 keeps a root by default: one more all-gather a step for that memory
+        fully_shard(towers, mp_policy=policy, ignored_params=scalars or None, reshard_after_forward=True)
+        log.info("train.sharding=fsdp: %d blocks and the towers sharded over %d processes (parameters in use: %s, "
+                 "gradient reduction fp32); loss parameters replicated: %d tensors", len(units), self.acc.num_processes,
+                 "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
+                 len(self._replicated))
+        return module
+
+    @staticmethod
+    @torch.no_grad()
+    def _broadcast_from_rank0(module: nn.Module) -> None:
+        """Every rank starts from rank 0's parameters and buffers, as DDP makes its replicas at construction:
+        fully_shard keeps each rank's own slice of what it holds, and a start that differs by rank (a scale set
+        from each rank's first batch, an unseeded initialisation) would otherwise be stitched together."""
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, 0)
+
+    def prepare(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
+        return module, optimizer  # accelerate would wrap it in DDP again
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module):
+        return nullcontext()  # every micro-batch reduce-scatters its gradients: the sum is the same
+
+    def sync_buffers(self, module: nn.Module) -> None:
+        """Rank 0's buffers (BatchNorm statistics) on every rank, as DDP broadcasts them at each forward; before a
+        checkpoint too, so the shards hold rank 0's whichever rank writes them."""
+        if not self.sharded:
+            return
+        for buffer in module.buffers():
+            dist.broadcast(buffer, 0)
+
+    def after_backward(self, module: nn.Module) -> None:
+        """Average the replicated loss parameters' gradients over the ranks (the towers' were reduce-scattered)."""
+        if not self.sharded:
+            return
+        world = self.acc.num_processes
+        for p in self._replicated:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= world
+
+    def grad_norm(self, params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+        """The norm over every rank's shards (DTensor gradients) and the replicated gradients, clipped alike."""
+        from torch.distributed.tensor import DTensor
+
+        sharded = [p for p in params if isinstance(p.grad, DTensor)]
+        plain = [p for p in params if not isinstance(p.grad, DTensor)]
+        squares = torch.zeros((), device=self.acc.device)
+        for group in (sharded, plain):
+            if group:
+                norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+                squares = squares + (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+        total = squares.sqrt()
+        if max_norm:
+            for group in (sharded, plain):
+                if group:
+                    torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total.detach()
+
+    def eval_module(self, module: nn.Module) -> nn.Module | None:
+        return self._consolidated(module, to_device=True)
+
+    @contextmanager
+    def full_module(self, module: nn.Module) -> Iterator[nn.Module | None]:
+        full = self._consolidated(module, to_device=False)
+        try:
+            yield full
+        finally:
+            self.release(full)
+
+    def release(self, full: nn.Module | None) -> None:
+        """Free a consolidated copy's tensors (the template goes back to the meta device); the live module stays."""
+        if full is not None and full is self._template and self.sharded:
+            full.to("meta")
+
+    def _consolidated(self, module: nn.Module, *, to_device: bool) -> nn.Module | None:
+        """The whole module with its full weights on the main process (gathered from every rank's shards: every
+        process calls this), None elsewhere. Built in the meta template, so nothing is copied twice."""
+        if not self.sharded:
+            return module if self.acc.is_main_process else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        with distributed.naming_lost_ranks("the gathering of the full model from the shards"):
+            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.acc.is_main_process:
+            return None
+        assert self._template is not None
+        self._template.load_state_dict({k: v.detach().cpu() for k, v in full.items()}, assign=True)
+        for name, buffer in module.named_buffers():  # non-persistent buffers (an attention mask) are in no state dict
+            if name not in full:
+                owner, _, leaf = name.rpartition(".")
+                self._template.get_submodule(owner)._buffers[leaf] = buffer.detach().cpu().clone()
+        self._template.train(module.training)
+        return self._template.to(self.acc.device) if to_device else self._template
+
+    def weights_record(self, module: nn.Module) -> dict[str, Any]:
+        """results.json: a digest of the consolidated final weights (the shards differ by design), and every rank's
+        digest of the replicated loss parameters (equal: they stayed in step)."""
+        with self.full_module(module) as full:
+            digest = distributed.parameters_digest(full) if full is not None else None
+        with distributed.naming_lost_ranks("the comparison of the replicated loss parameters"):
+            replicated = distributed.gather_objects(distributed.tensors_digest(self._replicated))
+
+        if len(set(replicated)) > 1:
+            log.warning("the ranks end with different loss parameters (sha256 by rank: %s)", replicated)
+        digests = distributed.gather_objects(digest)
+        return {"weights_sha256": digests[0], "replicated_sha256_by_rank": replicated}
+
+
+def make_sharding(name: str, accelerator: Accelerator, precision: str) -> Sharding:
+    return FSDPSharding(accelerator, precision) if name == "fsdp" else Sharding(accelerator)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a tensor: a DTensor's local shard, else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` whose parameters and buffers are on the meta device: its structure and names
+    without a byte of weights (the memo hands every tensor's copy over, so no storage is copied)."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+# ============================================================================ checkpoints
+
+
+def save_sharded(folder: Any, module: nn.Module, optimizer: Any) -> None:
+    """Every rank writes its shard of the model and optimizer state (DCP) into `folder`; a collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(module, _inner(optimizer))
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+
+
+def load_training_weights(step: Any, state: dict[str, Any], module: nn.Module, optimizer: Any,
+                          sharding: Sharding) -> str:
+    """The model and optimizer state of a checkpoint into `module`/`optimizer`, whatever wrote it: DCP shards
+    (resharded to this world size, into sharded or whole parameters), or a replica's full state (`state.pt`:
+    loaded whole, or sharded onto FSDP parameters). Returns what was done, for the log."""
+    from pathlib import Path
+
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+        set_state_dict,
+    )
+
+    folder = Path(step) / SHARDED_DIR
+    inner = _inner(optimizer)
+    if (folder / ".metadata").is_file():
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = get_state_dict(module, inner)
+        target = {"model": model_state, "optim": optim_state}
+        dcp.load(target, checkpoint_id=str(folder))
+        set_state_dict(module, inner, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        written_by = state["loop"].get("world_size")
+        return f"sharded checkpoint (written by {written_by or '?'} processes) resharded onto {sharding.acc.num_processes}"
+    if state.get("module") is None:
+        raise ValueError(f"checkpoint {step} holds neither {SHARDED_DIR}/ (a sharded run's) nor a full module state")
+    if not sharding.sharded:
+        module.load_state_dict(state["module"])
+        optimizer.load_state_dict(state["optimizer"])
+        return "full state"
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, state["module"], options=full)
+    set_optimizer_state_dict(module, inner, _by_name(state["optimizer"], module, inner), options=full)
+    return f"a replica's full state sharded onto {sharding.acc.num_processes} processes"
+
+
+def _by_name(optim_state: dict[str, Any], module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """torch's optimizer state (parameters numbered in the order of the param groups) keyed by parameter name,
+    the form FSDP's set_optimizer_state_dict takes: the groups are built in the same order under both shardings."""
+    name_of = {id(p): name for name, p in module.named_parameters()}
+    order = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    if sum(len(g["params"]) for g in optim_state["param_groups"]) != len(order):
+        raise ValueError("the checkpoint's optimizer holds another number of parameters than this model trains")
+    return {"state": {order[i]: s for i, s in optim_state["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in optim_state["param_groups"]]}
