@@ -322,9 +322,7 @@ def clip_magnitude_report(image_features: Tensor, text_features: Tensor, caption
     doc_side: texts as candidates of image queries, ranked by scorers["i2t"]; query_side: images as
     candidates of text queries, ranked by scorers["t2i"] (the t2i direction's own document side).
     The "corpus" scope is skipped: every caption is relevant to its own image."""
-    counts = [1] * len(image_features) if caption_counts is None else list(caption_counts)
-    owners = torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(counts, dtype=torch.long))
-    rel_i2t, rel_t2i = clip_relevance(captions, owners, len(counts), matching)
+    rel_i2t, rel_t2i = clip_relevance(captions, caption_counts, matching)
     doc_side, doc_samples = side_report(image_features, text_features, rel_i2t.as_sets(), scorers["i2t"], k=k,
                                         corpus_scope=False, n_boot=n_boot, seed=seed)
     query_side, query_samples = side_report(text_features, image_features, rel_t2i.as_sets(), scorers["t2i"], k=k,

@@ -82,10 +82,10 @@ def retrieval_from_features(image_features: Tensor, text_features: Tensor, capti
     (+ `.ranks`). `caption_counts[i]`: how many of the captions (in order) belong to image i; None: one
     each. `matching`: "caption" (identity) or "image" (CLIP_benchmark's), magclip.metrics.relevance."""
     counts = [1] * len(image_features) if caption_counts is None else list(caption_counts)
-    if len(counts) != len(image_features) or sum(counts) != len(captions) or len(captions) != len(text_features):
-        raise ValueError(f"{len(image_features)} images, {len(captions)} captions and {len(text_features)} text "
-                         f"features do not fit {sum(counts)} captions counted over {len(counts)} images")
-    relevance = clip_relevance(captions, caption_owners(counts), len(counts), matching)
+    if len(counts) != len(image_features) or len(captions) != len(text_features):
+        raise ValueError(f"{len(image_features)} image and {len(text_features)} text features for {len(counts)} "
+                         f"images and {len(captions)} captions")
+    relevance = clip_relevance(captions, counts, matching)
     metrics = retrieval_metrics(image_features, text_features, i2t=scorers["i2t"], t2i=scorers["t2i"],
                                 relevance=relevance, chunk_size=chunk_size)
     for prefix, rel in zip(DIRECTIONS, relevance):
@@ -97,11 +97,6 @@ def retrieval_from_features(image_features: Tensor, text_features: Tensor, capti
     metrics["image_norm_mean"] = float(image_features.norm(dim=-1).mean())
     metrics["text_norm_mean"] = float(text_features.norm(dim=-1).mean())
     return metrics
-
-
-def caption_owners(counts: Sequence[int]) -> Tensor:
-    """The image index of every caption, from the number of captions of each image in order."""
-    return torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(list(counts), dtype=torch.long))
 
 
 def caption_items(keys: Sequence[str], counts: Sequence[int] | None) -> list[str]:

@@ -69,7 +69,7 @@ from magclip.data.eval_sets import EvalSet, resolve_eval_set
 from magclip.data.image_folder import ImageFolderSet
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
-from magclip.evaluation.clip import caption_items, caption_owners, retrieval_from_features
+from magclip.evaluation.clip import caption_items, retrieval_from_features
 from magclip.evaluation.encode import (
     EncodedSet,
     encode_image_folder,
@@ -81,7 +81,7 @@ from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
 from magclip.metrics.classification import classification_metrics
 from magclip.metrics.ranks import RetrievalMetrics, items_digest
-from magclip.metrics.relevance import MATCHING
+from magclip.metrics.relevance import MATCHING, caption_owners
 from magclip.modes import ScorerSpec
 from magclip.similarity import Scorer
 
@@ -455,8 +455,8 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
     lines = [head, ""]
     sets = results.get("sets", {})
     if any("retrieval" in s["metrics"] for s in sets.values()):
-        lines += ["| set | domain | matching | i→t R@1 | i→t R@5 | t→i R@1 | t→i R@5 | chance R@1 i→t / t→i | "
-                  "images | captions | unique captions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [("| set | domain | matching | i→t R@1 | i→t R@5 | t→i R@1 | t→i R@5 | chance R@1 i→t / t→i | "
+                   "images | captions | unique captions |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, s in sets.items():
             m = s["metrics"].get("retrieval")
             if m:

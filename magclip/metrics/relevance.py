@@ -1,8 +1,8 @@
 """Which documents are relevant to which query, for image<->text retrieval with any number of captions
 per image.
 
-A retrieval set is a list of images and a list of caption entries, each entry owned by one image
-(`owners[t]` = the index of caption t's image). Two rules say what counts as a hit (`MATCHING`):
+A retrieval set is a list of images and a list of caption entries, in order, image i owning the next
+`caption_counts[i]` of them (`caption_owners`: the index of each caption's image). Two rules say what counts as a hit (`MATCHING`):
 
 - "image" (CLIP_benchmark's `texts_image_index`, the rule COCO/Flickr papers report): a caption is
   relevant to its own image only. Image->text: a hit at k when ANY of the image's captions is in the
@@ -59,7 +59,7 @@ class Relevance:
 
     def mask(self, start: int, stop: int) -> Tensor:
         rows, cols = self.pairs(start, stop)
-        out = torch.zeros(stop - start, self.num_docs, dtype=torch.bool)
+        out = torch.zeros(stop - start, self.num_docs, dtype=torch.bool, device=cols.device)
         out[rows, cols] = True
         return out
 
@@ -141,28 +141,27 @@ class _CsrRelevance(Relevance):
         rows = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)
         return rows, self.cols[int(self.ptr[start]):int(self.ptr[stop])]
 
-    def mask(self, start: int, stop: int) -> Tensor:
-        rows, cols = self.pairs(start, stop)
-        out = torch.zeros(stop - start, self.num_docs, dtype=torch.bool, device=cols.device)
-        out[rows, cols] = True
-        return out
-
     def to(self, device: torch.device | str) -> Relevance:
         return _CsrRelevance(self.ptr.to(device), self.cols.to(device), self.num_docs)
 
 
-def clip_relevance(captions: Sequence[str], owners: Sequence[int] | Tensor, num_images: int,
+def caption_owners(counts: Sequence[int]) -> Tensor:
+    """The image index of every caption, from how many captions each image has, in order."""
+    return torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(list(counts), dtype=torch.long))
+
+
+def clip_relevance(captions: Sequence[str], caption_counts: Sequence[int] | None,
                    matching: str) -> tuple[Relevance, Relevance]:
-    """(image->text, text->image) relevance of a set whose caption t belongs to image owners[t]."""
+    """(image->text, text->image) relevance of a set whose images have `caption_counts[i]` of the captions each,
+    in order (None: one caption per image)."""
     if matching not in MATCHING:
         raise ValueError(f"unknown matching {matching!r}; allowed: {', '.join(MATCHING)}")
-    owners = torch.as_tensor(owners, dtype=torch.long)
-    if len(owners) != len(captions):
-        raise ValueError(f"{len(captions)} captions but {len(owners)} owners")
-    if len(owners) and (int(owners.min()) < 0 or int(owners.max()) >= num_images):
-        raise ValueError(f"caption owners must lie in [0, {num_images})")
-    one_each = len(owners) == num_images and bool((owners == torch.arange(num_images)).all())
-    if matching == "image" or one_each:
+    counts = [1] * len(captions) if caption_counts is None else list(caption_counts)
+    if sum(counts) != len(captions) or any(n < 0 for n in counts):
+        raise ValueError(f"{len(captions)} captions do not fit the caption counts of {len(counts)} images "
+                         f"({sum(counts)} in all)")
+    owners, num_images = caption_owners(counts), len(counts)
+    if matching == "image" or all(n == 1 for n in counts):
         # one caption per image: caption identity is an equivalence on both sides alike
         ids = ids_from_labels(list(captions)) if matching == "caption" else owners
         image_ids = ids if matching == "caption" else torch.arange(num_images)
