@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,32 +114,41 @@ class ImageFolderSet:
     def iter_batches(self, preprocess: Callable, batch_size: int, skipped: Counter, *, workers: int = 0,
                      max_image_pixels: int | None = None) -> Iterator[dict[str, Any]]:
         """Batches {"images", "keys" (paths relative to root), "labels" (class indices)} in ImageFolder
-        order; bad images are counted in `skipped` by reason (the shard reader's names) and logged
-        (the first few per reason). `workers`: DataLoader processes decoding and preprocessing;
-        `max_image_pixels`: default the shard reader's."""
+        order, read by `read_image_batches` (bad images counted in `skipped`)."""
         import torch
-        from torch.utils.data import DataLoader
 
-        from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, LOG_FIRST_SKIPS
+        for good in read_image_batches([path for path, _ in self.dataset.samples], preprocess, batch_size, skipped,
+                                       workers=workers, max_image_pixels=max_image_pixels):
+            yield {"images": torch.stack([img for _, img in good]),
+                   "keys": [os.path.relpath(self.dataset.samples[i][0], self.root) for i, _ in good],
+                   "labels": [self.labels[self.dataset.samples[i][1]] for i, _ in good]}
 
-        read = ImageReader(self.dataset.samples, preprocess, max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
-        loader = DataLoader(read, batch_size=batch_size, num_workers=workers, collate_fn=list)
-        for items in loader:
-            good = []
-            for i, image, reason, detail in items:
-                path = self.dataset.samples[i][0]
-                if image is None:
-                    skipped[reason] += 1
-                    if skipped[reason] <= LOG_FIRST_SKIPS:
-                        more = (" (further skips for this reason are counted, not logged)"
-                                if skipped[reason] == LOG_FIRST_SKIPS else "")
-                        log.warning("skipped %s: image %s: %s%s", reason, path, str(detail)[:200], more)
-                    continue
-                good.append((i, image))
-            if good:
-                yield {"images": torch.stack([img for _, img in good]),
-                       "keys": [os.path.relpath(self.dataset.samples[i][0], self.root) for i, _ in good],
-                       "labels": [self.labels[self.dataset.samples[i][1]] for i, _ in good]}
+
+def read_image_batches(paths: Sequence[str], preprocess: Callable, batch_size: int, skipped: Counter, *,
+                       workers: int = 0, max_image_pixels: int | None = None) -> Iterator[list[tuple[int, Any]]]:
+    """Image files decoded and preprocessed in batches of `batch_size` (DataLoader `workers`), in order: each
+    batch the (index into `paths`, image) pairs that were readable, empty batches left out. A bad file is
+    counted in `skipped` by reason (the shard reader's names) and logged (the first few per reason);
+    `max_image_pixels`: default the shard reader's. The one reader of image files (image folders, Karpathy)."""
+    from torch.utils.data import DataLoader
+
+    from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, LOG_FIRST_SKIPS
+
+    read = ImageReader([(str(p), i) for i, p in enumerate(paths)], preprocess,
+                       max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
+    for items in DataLoader(read, batch_size=batch_size, num_workers=workers, collate_fn=list):
+        good = []
+        for i, image, reason, detail in items:
+            if image is None:
+                skipped[reason] += 1
+                if skipped[reason] <= LOG_FIRST_SKIPS:
+                    more = (" (further skips for this reason are counted, not logged)"
+                            if skipped[reason] == LOG_FIRST_SKIPS else "")
+                    log.warning("skipped %s: image %s: %s%s", reason, paths[i], str(detail)[:200], more)
+                continue
+            good.append((i, image))
+        if good:
+            yield good
 
 
 def _identity(path: str) -> str:
@@ -169,4 +178,5 @@ class ImageReader:
         return i, self.preprocess(img), "", ""  # a failure here is a bug, not bad data: raise
 
 
-__all__ = ["IMG_EXTENSIONS", "LAYOUT", "ImageFolderSet", "folder_class_name", "resolve_image_folder"]
+__all__ = ["IMG_EXTENSIONS", "LAYOUT", "ImageFolderSet", "ImageReader", "folder_class_name", "read_image_batches",
+           "resolve_image_folder"]

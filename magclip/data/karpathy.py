@@ -103,30 +103,19 @@ class KarpathySet:
         """Batches in the shard loader's evaluation form ({"images", "texts", "keys", "captions",
         "caption_counts", "metas"}), in file order; undecodable images are counted in `skipped`."""
         import torch
-        from torch.utils.data import DataLoader
 
-        from magclip.data.image_folder import ImageReader
-        from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS
+        from magclip.data.image_folder import read_image_batches
 
         skipped.update(self.skipped)
         if self.blank_captions:
             skipped["empty_caption_line"] += self.blank_captions
-        read = ImageReader([(str(item.path), i) for i, item in enumerate(self.items)], preprocess,
-                     max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
-        for rows in DataLoader(read, batch_size=batch_size, num_workers=workers, collate_fn=list):
-            good = []
-            for i, image, reason, detail in rows:
-                if image is None:
-                    skipped[reason] += 1
-                    if skipped[reason] <= LOG_FIRST:
-                        log.warning("skipped %s: image %s: %s", reason, self.items[i].path, str(detail)[:200])
-                    continue
-                good.append((self.items[i], image))
-            if good:
-                captions = [c for item, _ in good for c in item.captions]
-                yield {"images": torch.stack([image for _, image in good]), "texts": tokenizer(captions),
-                       "keys": [item.key for item, _ in good], "captions": captions,
-                       "caption_counts": [len(item.captions) for item, _ in good], "metas": [None] * len(good)}
+        for good in read_image_batches([item.path for item in self.items], preprocess, batch_size, skipped,
+                                       workers=workers, max_image_pixels=max_image_pixels):
+            items = [self.items[i] for i, _ in good]
+            captions = [c for item in items for c in item.captions]
+            yield {"images": torch.stack([image for _, image in good]), "texts": tokenizer(captions),
+                   "keys": [item.key for item in items], "captions": captions,
+                   "caption_counts": [len(item.captions) for item in items], "metas": [None] * len(items)}
 
 
 def is_karpathy_file(path: str | Path) -> bool:
