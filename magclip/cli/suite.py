@@ -52,21 +52,17 @@ def main(argv: list[str] | None = None) -> Any:
         raise UsageError("give --suite FILE --out DIR and a model (--checkpoint or --model), or --compare BASE ROW")
     check_clip_model_arguments(args)
     check_paths(args, "suite", "checkpoint")
-    from magclip.evaluation.suite import load_suite
+    from magclip.evaluation.suite import load_suite, prepare_suite, run_suite
 
-    suite = load_suite(args.suite, args.root, args.only)
-    if not args.skip_missing:  # every set is there and readable before the model loads
-        for name in suite.sets:
-            suite.resolve(name)
+    # every set read and checked (layout, tasks, class list, templates) before the model loads
+    prepared = prepare_suite(load_suite(args.suite, args.root, args.only), args.skip_missing)
 
     import torch
 
-    from magclip.evaluation.suite import run_suite
-
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_clip_model(args, device)
-    summary = run_suite(model, suite, args.out, cosine_too=args.cosine_too, skip_missing=args.skip_missing,
-                        overwrite=args.overwrite, batch_size=args.batch_size, device=device, workers=args.workers)
+    summary = run_suite(model, prepared, args.out, cosine_too=args.cosine_too, overwrite=args.overwrite,
+                        batch_size=args.batch_size, device=device, workers=args.workers)
     print((Path(args.out) / "suite.md").read_text())
     print(f"results: {Path(args.out) / 'suite.json'}   table: {Path(args.out) / 'suite.md'}, {Path(args.out) / 'suite.csv'}")
     return summary

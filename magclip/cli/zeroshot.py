@@ -63,14 +63,7 @@ import re
 from magclip.cli import UsageError, as_command, check_paths
 from magclip.cli.clip_args import add_clip_model_arguments, check_clip_model_arguments, load_clip_model
 from magclip.config import MATCHINGS
-from magclip.data.eval_sets import (
-    EvalSet,
-    eval_set_classes,
-    eval_set_tasks,
-    eval_set_templates,
-    lookup_keys,
-    resolve_eval_set,
-)
+from magclip.data.eval_sets import EvalSet, eval_set_inputs, lookup_keys, resolve_eval_set
 from magclip.evaluation import ZEROSHOT_TASKS as TASKS
 from magclip.metrics.ranks import write_results_with_outcomes
 
@@ -179,17 +172,14 @@ def main(argv: list[str] | None = None) -> dict:
         tasks = {name: TASKS if args.task in (None, "both") else (args.task,) for name in data}
     else:  # per set: CLIP_benchmark's JSON files hold an entry per data set, its folders and image folders their own
         data = eval_sets
-        keys = {name: lookup_keys(name, es, args.class_set) for name, es in data.items()}
-        tasks = {name: eval_set_tasks(es, args.task, bool(args.classes or es.classes), f"--data {name}")
-                 for name, es in data.items()}
-        classes = {name: eval_set_classes(es, args.classes, lookup=keys[name], name_field=args.class_name_field,
-                                          key_field=args.class_key_field, group_field=args.class_group_field)
-                   if "classification" in tasks[name] else None for name, es in data.items()}
-        templates = {name: eval_set_templates(es, args.templates, keys[name], f"--data {name}")
-                     if "classification" in tasks[name] else ["{}"] for name, es in data.items()}
-        for name, es in data.items():
-            if "classification" in tasks[name] and es.layout == "shards" and classes[name] is None:
-                raise UsageError(f"--data {name}: classification of shards needs --classes (or --emoji)")
+        inputs = {name: eval_set_inputs(name, es, task=args.task, classes=args.classes, templates=args.templates,
+                                        class_set=args.class_set, where=f"--data {name}",
+                                        classes_hint="--classes (or --emoji)", name_field=args.class_name_field,
+                                        key_field=args.class_key_field, group_field=args.class_group_field)
+                  for name, es in data.items()}
+        tasks = {name: i.tasks for name, i in inputs.items()}
+        classes = {name: i.classes for name, i in inputs.items()}
+        templates = {name: i.templates for name, i in inputs.items()}
 
     model = load_clip_model(args, args.device)
     results = evaluate_zeroshot(model, data, tasks=tasks, classes=classes,

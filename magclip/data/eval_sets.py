@@ -17,7 +17,7 @@ their duplicate captions need. Either can be asked for (`matching`), and every r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from magclip.config import MATCHINGS
@@ -120,23 +120,38 @@ def eval_set_tasks(es: EvalSet, task: str | None, has_classes: bool, where: str)
     return TASKS if has_classes else ("retrieval",)
 
 
-def eval_set_classes(es: EvalSet, classes: str | None, *, lookup: Sequence[str], name_field: str = "name",
-                     key_field: str | None = None, group_field: str | None = None) -> ClassSet | None:
-    """The class list a set is classified against: `classes`, else the set's own (a CLIP_benchmark folder's
-    classnames.txt); None where there is neither (an image folder then uses its folder names)."""
+@dataclass
+class SetInputs:
+    """What one set is evaluated with: its tasks, and for classification its class list and templates."""
+
+    tasks: tuple[str, ...]
+    classes: ClassSet | None = None
+    templates: list = field(default_factory=lambda: ["{}"])
+
+
+def eval_set_inputs(name: str, es: EvalSet, *, task: str | None, classes: str | None,
+                    templates: Sequence[str] | None, class_set: str | None, where: str, classes_hint: str,
+                    name_field: str = "name", key_field: str | None = None,
+                    group_field: str | None = None) -> SetInputs:
+    """The tasks of a set (`eval_set_tasks`) and, for classification, the class list (`classes`, else the set's
+    own: a CLIP_benchmark folder's classnames.txt; None for an image folder without either, which then uses its
+    folder names) and templates (`templates`: presets, strings, files; else the set's own file), all read and
+    checked before a model loads. Shards without a class list, and a CLIP_benchmark folder without templates
+    (CLIP_benchmark refuses it too), are errors naming the set; `classes_hint` says how to give a class list."""
+    tasks = eval_set_tasks(es, task, bool(classes or es.classes), where)
+    if "classification" not in tasks:
+        return SetInputs(tasks)
+    lookup = lookup_keys(name, es, class_set)
     path = classes or es.classes
-    if path is None:
-        return None
-    return load_classes(path, name_field=name_field, key_field=key_field, group_field=group_field, lookup=lookup)
-
-
-def eval_set_templates(es: EvalSet, templates: Sequence[str] | None, lookup: Sequence[str], where: str) -> list:
-    """`templates` (presets, strings, files: magclip.data.classes.resolve_templates), else the set's own file;
-    a CLIP_benchmark folder with neither is refused as CLIP_benchmark refuses it."""
+    class_list = (load_classes(path, name_field=name_field, key_field=key_field, group_field=group_field,
+                               lookup=lookup) if path is not None else None)
+    if es.layout == "shards" and class_list is None:
+        raise ValueError(f"{where}: classification of shards needs {classes_hint}")
     if not templates and es.layout == "clip_benchmark" and es.templates is None:
         raise ValueError(f"{where}: {es.data} has no zeroshot_classification_templates.txt (CLIP_benchmark refuses "
                          "such a folder for classification): give templates")
-    return resolve_templates(list(templates) if templates else ([es.templates] if es.templates else None), lookup)
+    chosen = list(templates) if templates else ([es.templates] if es.templates else None)
+    return SetInputs(tasks, class_list, resolve_templates(chosen, lookup))
 
 
 def lookup_keys(name: str, es: EvalSet | None, class_set: str | None) -> list[str]:

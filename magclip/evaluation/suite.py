@@ -42,15 +42,7 @@ from typing import Any
 import numpy as np
 
 from magclip.config import ConfigError, from_dict, read_yaml_mapping
-from magclip.data.eval_sets import (
-    SYNTHETIC_PREFIX,
-    EvalSet,
-    eval_set_classes,
-    eval_set_tasks,
-    eval_set_templates,
-    lookup_keys,
-    resolve_eval_set,
-)
+from magclip.data.eval_sets import SYNTHETIC_PREFIX, EvalSet, SetInputs, eval_set_inputs, resolve_eval_set
 from magclip.io import atomic_write_json, atomic_write_text
 from magclip.metrics.ranks import (
     DIRECTIONS,
@@ -136,27 +128,48 @@ def load_suite(path: str | Path, root: str | Path | None = None, only: Sequence[
 # ============================================================================ running
 
 
-def run_suite(model, suite: Suite, out: str | Path, *, cosine_too: bool = False, skip_missing: bool = False,
-              overwrite: bool = False, batch_size: int = 256, device: str = "cpu", workers: int = 0) -> dict[str, Any]:
-    """Evaluate `model` (an EvalModel) on every set of `suite`; writes OUT/sets/<name>.json, OUT/suite.md,
-    OUT/suite.csv and OUT/suite.json; returns the summary. Every set is checked before the first is encoded;
-    a missing one stops the suite, or with `skip_missing` is left out and listed. `overwrite`: evaluate the sets
-    finished earlier again."""
-    from magclip.evaluation.checkpoint import scorers_for_mode
-    from magclip.evaluation.zeroshot import evaluate_zeroshot
+@dataclass
+class PreparedSuite:
+    """Every set of a suite read and checked (its layout, tasks, class list and templates): what `run_suite`
+    evaluates, built before a model loads so that bad input stops the suite first."""
 
-    out = Path(out)
-    resolved, missing = {}, {}
-    for name in suite.sets:
+    suite: Suite
+    sets: dict[str, tuple[EvalSet, SetInputs]]
+    missing: dict[str, str]  # with skip_missing: the sets whose files are not there, and why
+
+
+def prepare_suite(suite: Suite, skip_missing: bool = False) -> PreparedSuite:
+    """Resolve every set of `suite` and its inputs; a missing one is an error, or with `skip_missing` is left out
+    and listed."""
+    sets, missing = {}, {}
+    for name, entry in suite.sets.items():
+        where = f"{suite.source}: set {name}"
         try:
-            resolved[name] = suite.resolve(name)
+            es = suite.resolve(name)
         except FileNotFoundError as exn:
             if not skip_missing:
                 raise
             missing[name] = str(exn)
+            continue
+        sets[name] = (es, eval_set_inputs(
+            name, es, task=entry.task, classes=entry.classes and str(suite.path(entry.classes)),
+            templates=[_template(suite, t) for t in entry.templates], class_set=entry.class_set, where=where,
+            classes_hint="classes:", name_field=entry.class_name_field, key_field=entry.class_key_field,
+            group_field=entry.class_group_field))
+    return PreparedSuite(suite, sets, missing)
+
+
+def run_suite(model, prepared: PreparedSuite, out: str | Path, *, cosine_too: bool = False, overwrite: bool = False,
+              batch_size: int = 256, device: str = "cpu", workers: int = 0) -> dict[str, Any]:
+    """Evaluate `model` (an EvalModel) on every prepared set; writes OUT/sets/<name>.json, OUT/suite.md,
+    OUT/suite.csv and OUT/suite.json; returns the summary. `overwrite`: evaluate the sets finished earlier again."""
+    from magclip.evaluation.checkpoint import scorers_for_mode
+    from magclip.evaluation.zeroshot import evaluate_zeroshot
+
+    out, suite = Path(out), prepared.suite
     also = {"cosine": scorers_for_mode("cosine")} if cosine_too else None
     records: dict[str, dict[str, Any]] = {}
-    for name, es in resolved.items():
+    for name, (es, inputs) in prepared.sets.items():
         entry = suite.sets[name]
         target = out / SETS_DIR / f"{name}.json"
         identity = _identity(model, entry, cosine_too)
@@ -165,20 +178,10 @@ def run_suite(model, suite: Suite, out: str | Path, *, cosine_too: bool = False,
             log.info("%s: finished earlier (%s), not evaluated again", name, target)
             records[name] = done
             continue
-        keys = lookup_keys(name, es, entry.class_set)
-        tasks = eval_set_tasks(es, entry.task, bool(entry.classes or es.classes), f"{suite.source}: set {name}")
-        classification = "classification" in tasks
-        classes = eval_set_classes(es, entry.classes and str(suite.path(entry.classes)), lookup=keys,
-                                   name_field=entry.class_name_field, key_field=entry.class_key_field,
-                                   group_field=entry.class_group_field) if classification else None
-        if classification and es.layout == "shards" and classes is None:
-            raise ValueError(f"{suite.source}: set {name}: classification of shards needs classes:")
-        templates = eval_set_templates(es, [_template(suite, t) for t in entry.templates], keys,
-                                       f"{suite.source}: set {name}") if classification else ["{}"]
-        log.info("suite set %s (%s, %s)", name, es.layout, "/".join(tasks))
-        result = evaluate_zeroshot(model, {name: es}, tasks={name: tasks}, classes={name: classes},
-                                   templates={name: templates}, label_field=entry.label_field, batch_size=batch_size,
-                                   device=device, workers=workers, also_score=also)
+        log.info("suite set %s (%s, %s)", name, es.layout, "/".join(inputs.tasks))
+        result = evaluate_zeroshot(model, {name: es}, tasks={name: inputs.tasks}, classes={name: inputs.classes},
+                                   templates={name: inputs.templates}, label_field=entry.label_field,
+                                   batch_size=batch_size, device=device, workers=workers, also_score=also)
         result["suite_entry"] = identity
         write_results_with_outcomes(target, result)
         records[name] = result
@@ -187,7 +190,7 @@ def run_suite(model, suite: Suite, out: str | Path, *, cosine_too: bool = False,
                "checkpoint": model.source.get("checkpoint"), "pretrained": model.source.get("pretrained"),
                "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "scorers_from": model.source.get("scorers_from"),
                "sets": {name: str(out / SETS_DIR / f"{name}.json") for name in records},
-               "missing": missing, "rows": rows}
+               "missing": prepared.missing, "rows": rows}
     atomic_write_json(out / "suite.json", summary)
     atomic_write_text(out / "suite.md", suite_markdown(summary))
     atomic_write_text(out / "suite.csv", suite_csv(rows))

@@ -116,3 +116,19 @@ def test_the_shipped_suites_parse():
     for path in sorted((ROOT / "configs" / "suites").glob("*.yaml")):
         suite = load_suite(path)
         assert suite.sets, path
+
+
+def test_a_suite_is_prepared_whole_before_the_model_loads(suite_dir, tmp_path):
+    """Every set's layout, tasks, class list and templates are read before any model loads: shards classified
+    without a class list are refused, naming the set."""
+    from magclip.evaluation.suite import prepare_suite
+
+    prepared = prepare_suite(load_suite(suite_dir / "suite.yaml"))
+    assert {name: inputs.tasks for name, (_, inputs) in prepared.sets.items()} == {
+        "coco_like": ("retrieval",), "colours": ("classification",)}
+    assert prepared.sets["colours"][1].classes.names == COLOURS
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"root": str(suite_dir), "sets": {
+        "colours": {"path": "cls/c-000000.tar", "task": "classification"}}}))
+    with pytest.raises(ValueError, match=r"set colours: classification of shards needs classes:"):
+        prepare_suite(load_suite(bad))
