@@ -12,7 +12,10 @@ Sets, written with CLIP_benchmark's own `convert_retrieval_dataset`:
   some of them as hits; magclip never counts a tie for the query (magclip.metrics.retrieval);
 - multi_unique: the scenes whose three captions no other scene has (no ties: the two must agree exactly);
 - long: one caption per scene behind a preamble longer than the text tower's context, so every caption is
-  cut to the same tokens.
+  cut to the same tokens;
+- objects: multilabel classification (CLIP_benchmark's `convert_dataset(..., multilabel=True)`, VOC2007's form):
+  the classes are the 24 colour-shape pairs, an image's labels the pairs it shows; scored by mean average
+  precision (CLIP_benchmark's `zeroshot_classification.evaluate`).
 Each is scored by CLIP_benchmark (`zeroshot_retrieval.evaluate`, cosine on open_clip's model loaded from the
 checkpoint's `local-dir:` folder) and by magclip (`eval/zeroshot.py --mode cosine`, scoring by image), and by
 the previous magclip reading (the joined lines as one caption, ties credited to the query) where a checkout of
@@ -66,17 +69,40 @@ def write_sets(folder: Path) -> dict[str, Path]:
         if not (folder / name / "test" / "nshards.txt").is_file():
             convert_retrieval_dataset(data, "test", str(folder / name), image_format="png", verbose=False)
         out[name] = folder / name
+    out["objects"] = write_multilabel_set(folder / "objects")
     return out
+
+
+def write_multilabel_set(root: Path) -> Path:
+    """Every scene labelled with the colour-shape pairs it shows, over all 24 pairs."""
+    from clip_benchmark.webdataset_builder import convert_dataset
+
+    from magclip.data.synthetic import COLOURS, SHAPES
+
+    classes = [f"{c} {s}" for c in COLOURS for s in SHAPES]
+    if not (root / "test" / "nshards.txt").is_file():
+        rows = []
+        for png, meta in scenes():
+            present = {f"{o['colour']} {o['shape']}" for o in meta["objects"]}
+            rows.append((png, torch.tensor([float(c in present) for c in classes])))
+        convert_dataset(rows, "test", str(root), image_format="png", multilabel=True, verbose=False)
+        (root / "classnames.txt").write_text("".join(c + "\n" for c in classes))
+        (root / "zeroshot_classification_templates.txt").write_text("a {c}\na rendered scene with a {c}\n")
+    return root
 
 
 def clip_benchmark_numbers(step: Path, root: Path) -> dict[str, float]:
     import open_clip
     from clip_benchmark.datasets.builder import build_wds_dataset
-    from clip_benchmark.metrics import zeroshot_retrieval
+    from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{step}")
     tokenizer = open_clip.get_tokenizer(f"local-dir:{step}")
     dataset = build_wds_dataset("wds_synthetic", preprocess, split="test", data_dir=str(root))
+    if dataset.classes is not None:  # the multilabel set: torch's collate makes the label vectors a tensor
+        loader = torch.utils.data.DataLoader(dataset, batch_size=64)
+        return zeroshot_classification.evaluate(model.eval(), loader, tokenizer, dataset.classes, dataset.templates,
+                                                "cpu", amp=False)
     loader = torch.utils.data.DataLoader(dataset.batched(64), batch_size=None)
     m = zeroshot_retrieval.evaluate(model.eval(), loader, tokenizer, "cpu", amp=False, recall_k_list=[1, 5, 10])
     return {f"{d}_R@{k}": m[f"{cb}_retrieval_recall@{k}"] for k in (1, 5, 10)
@@ -91,6 +117,8 @@ def magclip_numbers(checkout: Path, step: Path, root: Path, out: Path) -> dict:
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1]}
     m = json.loads(out.read_text())["sets"]["set"]
+    if "classification" in m["metrics"]:
+        return m["metrics"]["classification"]["all"]
     warning = [line for line in proc.stderr.splitlines() if "longer than the text tower" in line]
     return {**{k: v for k, v in m["metrics"]["retrieval"].items() if "R@" in k or "caption" in k or k == "num_samples"},
             "warning": warning[0].split("WARNING ")[-1] if warning else None}
@@ -123,7 +151,8 @@ def main() -> None:
         print(f"\n{name}:")
         for who, m in entry.items():
             print(f"  {who:15s} " + "  ".join(f"{k} {100 * m[k]:.2f}" for k in (
-                "image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5") if k in m)
+                "image_to_text_R@1", "image_to_text_R@5", "text_to_image_R@1", "text_to_image_R@5",
+                "mean_average_precision") if k in m)
                   + (f"  ({m['error']})" if "error" in m else ""))
             if m.get("warning"):
                 print(f"  {'':15s} {m['warning']}")

@@ -6,7 +6,7 @@
         zeroshot_classification_templates.txt     one template a line, "{c}" for the class (classification)
         <split>/nshards.txt                       the number of shards n
         <split>/0.tar ... <split>/{n-1}.tar       KEY.{webp,png,jpg,jpeg} + KEY.txt (every caption, one a line)
-                                                  or KEY.cls (the class index)
+                                                  or KEY.cls (the class index), or KEY.npy (multilabel)
 
 This is what `clip_benchmark.webdataset_builder.convert_retrieval_dataset` / `convert_dataset` write and
 what its `wds_mscoco_captions`, `wds_flickr30k`, `wds_flickr8k`, `wds_imagenet1k`, `wds_vtab-*` ... sets
@@ -15,9 +15,9 @@ its own image) unless asked otherwise; the split defaults to CLIP_benchmark's `t
 
 Refused in one line, naming the file: a split that is not there (the splits that are are listed), a
 missing or unreadable nshards.txt, shards that disagree with it (a missing {i}.tar, or .tar files beyond
-n-1 that CLIP_benchmark would silently leave out), an unknown dataset_type, a classification folder
-without classnames.txt. `multilabel` (KEY.npy label vectors, mean average precision) is refused: magclip
-scores single-label classification.
+n-1 that CLIP_benchmark would silently leave out), an unknown dataset_type, a classification or multilabel
+folder without classnames.txt. A `multilabel` folder (VOC2007's form: KEY.npy, one 0/1 vector over the classes
+per image) is classification scored by mean average precision, as CLIP_benchmark scores it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ DATASET_TYPE_FILE = "dataset_type.txt"
 NSHARDS_FILE = "nshards.txt"
 CLASSNAMES_FILE = "classnames.txt"
 TEMPLATES_FILE = "zeroshot_classification_templates.txt"
-DATASET_TYPES = {"retrieval": "retrieval", "classification": "classification"}
+DATASET_TYPES = {"retrieval": "retrieval", "classification": "classification", "multilabel": "classification"}
 DEFAULT_SPLIT = "test"  # CLIP_benchmark's --split default
 _SHARD = re.compile(r"^(\d+)\.tar$")
 
@@ -41,7 +41,7 @@ class ClipBenchmarkFolder:
 
     root: Path
     split: str
-    dataset_type: str          # "retrieval" or "classification"
+    dataset_type: str          # DATASET_TYPES' keys
     shards: tuple[str, ...]    # {0..n-1}.tar, in order
     classnames: Path | None    # classnames.txt where the folder has one
     templates: Path | None     # zeroshot_classification_templates.txt where the folder has one
@@ -49,6 +49,11 @@ class ClipBenchmarkFolder:
     @property
     def task(self) -> str:
         return DATASET_TYPES[self.dataset_type]
+
+    @property
+    def multilabel(self) -> bool:
+        """Labels are KEY.npy vectors over the classes (CLIP_benchmark's `dataset_type` multilabel)."""
+        return self.dataset_type == "multilabel"
 
     @property
     def urls(self) -> str:
@@ -84,8 +89,8 @@ def open_clip_benchmark_folder(root: str | Path, split: str | None = None) -> Cl
     dataset_type = _dataset_type(root)
     classnames = root / CLASSNAMES_FILE if (root / CLASSNAMES_FILE).is_file() else None
     templates = root / TEMPLATES_FILE if (root / TEMPLATES_FILE).is_file() else None
-    if dataset_type == "classification" and classnames is None:
-        raise FileNotFoundError(f"{root / CLASSNAMES_FILE}: not found: the classification folder {root} needs its "
+    if DATASET_TYPES[dataset_type] == "classification" and classnames is None:
+        raise FileNotFoundError(f"{root / CLASSNAMES_FILE}: not found: the {dataset_type} folder {root} needs its "
                                 "class names (one a line, in label order), as CLIP_benchmark's convert_dataset writes them")
     return ClipBenchmarkFolder(root, split, dataset_type, shards, classnames, templates)
 
@@ -116,9 +121,6 @@ def _dataset_type(root: Path) -> str:
     if not path.is_file():
         return "classification"
     value = path.read_text(encoding="utf-8", errors="replace").strip().lower()
-    if value == "multilabel":
-        raise ValueError(f"{path}: multilabel sets (KEY.npy label vectors, scored by CLIP_benchmark with mean average "
-                         "precision) are not supported: magclip scores retrieval and single-label classification")
     if value not in DATASET_TYPES:
         raise ValueError(f"{path}: unknown dataset type {value[:40]!r}; CLIP_benchmark's are retrieval, classification "
                          "and multilabel")

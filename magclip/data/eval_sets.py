@@ -33,6 +33,7 @@ LAYOUT_NAMES = {"clip_benchmark": "a CLIP_benchmark folder", "karpathy": "a Karp
                 "image_folder": "an image folder", "shards": "shards"}
 SYNTHETIC_PREFIX = "synthetic:"  # synthetic:val / synthetic:train, the embedded scenes (generated on first use)
 LAYOUT_MATCHING = {"clip_benchmark": "image", "karpathy": "image", "shards": "caption", "image_folder": "caption"}
+TRAINING_HINT = "a training run evaluates retrieval; classify the set with eval/zeroshot.py or eval/suite.py"
 
 
 @dataclass
@@ -52,12 +53,13 @@ class EvalSet:
     karpathy: KarpathySet | None = None
     classes: str | None = None      # the layout's class list (clip_benchmark: classnames.txt)
     templates: str | None = None    # the layout's template file (clip_benchmark: zeroshot_classification_templates.txt)
+    multilabel: bool = False        # labels are KEY.npy vectors over the classes (a CLIP_benchmark multilabel folder)
 
-    def refuse_task(self, task: str, where: str) -> ValueError:
-        """The error for a task this set's layout cannot do."""
+    def refuse_task(self, task: str, where: str, hint: str | None = None) -> ValueError:
+        """The error for a task this set's layout cannot do; `hint`: what to do instead (default: --task)."""
         why = " (no captions): retrieval needs captions" if task == "retrieval" else ""
         return ValueError(f"{where}: {self.data} is {LAYOUT_NAMES[self.layout]}{why}; it is scored for {self.task} "
-                          f"only: use --task {self.task}")
+                          f"only: {hint or f'use --task {self.task}'}")
 
     def describe(self) -> dict[str, object]:
         """What results.json records about where the set came from and how it was read."""
@@ -68,6 +70,8 @@ class EvalSet:
             out["caption_key"] = self.caption_key
         if self.karpathy is not None:
             out["images"] = str(self.karpathy.images)
+        if self.multilabel:
+            out["multilabel"] = True
         return out
 
 
@@ -88,7 +92,8 @@ def resolve_eval_set(name: str, path: str, *, split: str | None = None, matching
         return EvalSet(name, "clip_benchmark", path, folder.task, matching or "image", TXT,  # its captions: KEY.txt
                        folder.split, urls=folder.urls,
                        classes=str(folder.classnames) if folder.classnames is not None else None,
-                       templates=str(folder.templates) if folder.templates is not None else None)
+                       templates=str(folder.templates) if folder.templates is not None else None,
+                       multilabel=folder.multilabel)
     if is_karpathy_file(local):
         karpathy = KarpathySet.open(local, images, split)
         return EvalSet(name, "karpathy", path, "retrieval", matching or "image", TXT, karpathy.split, karpathy=karpathy)

@@ -13,6 +13,7 @@ label the class list does not hold is an error naming the file.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -46,7 +48,7 @@ class EncodedSet:
     image_features: Tensor
     text_features: Tensor | None
     captions: list[str] | None
-    labels: Tensor | None  # class indices (int64) when a class list was given
+    labels: Tensor | None  # class indices [N] (int64) when a class list was given; multilabel: 0/1 [N, C] (float32)
     skipped: dict[str, int]
     shards: list[str]  # empty for an image folder or a Karpathy file
     files: int | None = None  # image files an image folder or a Karpathy split indexes (None for shards)
@@ -78,6 +80,23 @@ def _label_of(members: dict[str, bytes], label_field: str | None, where: str) ->
     if not isinstance(meta, dict) or label_field not in meta:
         raise ValueError(f"{where}: .json has no label field {label_field!r}")
     return meta[label_field]
+
+
+def _label_vector_of(members: dict[str, bytes], num_classes: int, where: str) -> np.ndarray:
+    """A multilabel sample's KEY.npy (CLIP_benchmark's form): a 0/1 vector with one entry per class."""
+    if "npy" not in members:
+        raise ValueError(f"{where} has no .npy label vector (a multilabel set's label: 0/1 over its classes)")
+    try:
+        vector = np.load(io.BytesIO(members["npy"]), allow_pickle=False)
+    except (ValueError, OSError) as exn:
+        raise ValueError(f"{where}: .npy is not a NumPy array file ({exn})") from exn
+    if vector.shape != (num_classes,):
+        raise ValueError(f"{where}: .npy has shape {vector.shape}; a multilabel label is one 0/1 entry per class "
+                         f"({num_classes} in classnames.txt)")
+    if not np.isin(vector, (0, 1)).all():
+        raise ValueError(f"{where}: .npy holds {sorted(set(vector.tolist()) - {0, 1})[:3]}, not only 0 and 1: "
+                         "average precision needs presence (1) or absence (0) of each class")
+    return vector.astype(np.float32)
 
 
 def _progress(batches: Iterable[dict[str, Any]], desc: str, skipped: Counter,
@@ -133,7 +152,7 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
                   classes: ClassSet | None = None, label_field: str | None = None, batch_size: int = 256,
                   device: str | torch.device = "cpu", desc: str = "encode samples",
                   max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-                  caption_key: str | CaptionKey = TXT) -> EncodedSet:
+                  caption_key: str | CaptionKey = TXT, multilabel: bool = False) -> EncodedSet:
     """Read shards in order and encode every usable sample (raw features, float32, on CPU).
 
     captions: retrieval needs them (`caption_key`: KEY.txt one a line, or a KEY.json field); every caption
@@ -141,7 +160,8 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     single sample without one (or with an empty one) is skipped and counted.
     classes: with a class list, every sample needs a label (KEY.cls, or KEY.json[label_field]) that
     the list holds; a missing or unknown label is an error naming the shard, the key and the list
-    (raised while reading, before the rest is encoded).
+    (raised while reading, before the rest is encoded). `multilabel`: the label is KEY.npy, a 0/1 vector
+    over the classes (labels [N, C]).
     """
     caption_key = CaptionKey(caption_key) if isinstance(caption_key, str) else caption_key
     flat = check_sources_exist(urls)
@@ -165,7 +185,8 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
                 continue
             if good["blank_captions"]:
                 skipped["empty_caption_line"] += good["blank_captions"]
-            label = classes.index_of(_label_of(members, label_field, where), where) if classes is not None else -1
+            label = (-1 if classes is None else _label_vector_of(members, len(classes), where) if multilabel
+                     else classes.index_of(_label_of(members, label_field, where), where))
             yield key, model.preprocess(good["image"]), good["captions"] or [], label
 
     def batches():
@@ -196,9 +217,14 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
         raise ValueError(f"no usable sample in {urls!r} (skipped: {dict(skipped) or 'none'})")
     return EncodedSet(enc["keys"], enc["image_features"], enc["text_features"] if captions else None,
                       enc["captions"] if captions else None,
-                      torch.tensor(enc["labels"], dtype=torch.long) if classes is not None else None,
+                      _labels_tensor(enc["labels"], multilabel) if classes is not None else None,
                       dict(skipped), flat, caption_counts=enc["caption_counts"] if captions else None,
                       long_captions=long_captions(model.tokenizer, enc["captions"]) if captions else {})
+
+
+def _labels_tensor(labels: list, multilabel: bool) -> Tensor:
+    """Class indices [N] (int64), or a multilabel set's 0/1 vectors [N, C] (float32)."""
+    return torch.from_numpy(np.stack(labels)) if multilabel else torch.tensor(labels, dtype=torch.long)
 
 
 @torch.no_grad()

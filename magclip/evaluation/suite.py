@@ -17,9 +17,10 @@ An entry: `path` (required); `task` (retrieval, classification, both; default th
 (as eval/zeroshot.py's options); `synthetic:val` is the embedded synthetic scenes' validation shards. Every set is read and scored as `eval/zeroshot.py --data`
 reads and scores it (magclip.data.eval_sets, magclip.evaluation.zeroshot); each set's results go to
 `OUT/sets/<name>.json` with their per-query outcomes beside it (`.ranks.npz`: each image's and each
-caption's rank; `.queries.npz`: each image's top-k hits), then `OUT/suite.md` and `OUT/suite.csv`: a row
-per set and the suite's mean. `main` is DataComp's per-set number: the mean of the two R@1 for retrieval,
-top-1 accuracy for classification.
+caption's rank; `.queries.npz`: each image's top-k hits, or a multilabel set's AP per class), then
+`OUT/suite.md` and `OUT/suite.csv`: a row per set and the suite's mean. `main` is DataComp's per-set
+number: the mean of the two R@1 for retrieval, top-1 accuracy for classification (mean average
+precision for a multilabel set).
 
 A finished set (its JSON, for the same model, scorers and entry) is not evaluated again, so a killed suite
 continues where it stopped. With `cosine_too` every set is also scored in cosine as CLIP_benchmark scores
@@ -58,7 +59,7 @@ log = logging.getLogger("magclip.evaluation.suite")
 SETS_DIR = "sets"
 RECALL_KS = (1, 5, 10)
 COLUMNS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "top1", "top5",
-           "mean_per_class_recall", "main")
+           "mean_per_class_recall", "mAP", "main")
 
 
 @dataclass
@@ -252,9 +253,11 @@ def _row(name: str, entry: Mapping[str, Any], metrics: Mapping[str, Any]) -> dic
             row[f"{short}_R@{k}"] = r.get(f"{prefix}_R@{k}") if r else None
     for key in ("top1", "top5", "mean_per_class_recall"):
         row[key] = c.get(key) if c else None
+    row["mAP"] = c.get("mean_average_precision") if c else None
+    cls_main = (c.get("top1", c.get("mean_average_precision")) if c else None)  # a multilabel set: its mAP
     row["main"] = (float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"]])) if r and c is None else
-                   c.get("top1") if c and r is None else
-                   float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"], c["top1"]])) if r and c else None)
+                   cls_main if c and r is None else
+                   float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"], cls_main])) if r and c else None)
     return row
 
 
@@ -263,15 +266,16 @@ def suite_markdown(summary: Mapping[str, Any]) -> str:
             f"({summary.get('checkpoint') or summary.get('pretrained') or 'random init'}), scorers "
             + ", ".join(f"{d}={s['mode']}" for d, s in summary["scorers"].items()))
     header = ("| set | layout | task | matching | n | i→t R@1 | i→t R@5 | i→t R@10 | t→i R@1 | t→i R@5 | t→i R@10 | "
-              "top-1 | top-5 | mean per-class recall | main |")
-    lines = [head, "", header, "|---" * 15 + "|"]
+              "top-1 | top-5 | mean per-class recall | mAP | main |")
+    lines = [head, "", header, "|---" * 16 + "|"]
     for row in summary["rows"]:
         cells = [row["set"], row["layout"], row["task"], row["matching"], row["n"] if row["n"] is not None else "",
                  *(_pct(row[col]) for col in COLUMNS)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
-    lines.append("Recall and accuracy in %; main: the mean of the two R@1 (retrieval) or top-1 (classification), "
-                 "DataComp's per-set number; mean: over the sets that have the column.")
+    lines.append("Recall and accuracy in %; main: the mean of the two R@1 (retrieval) or top-1 (classification; "
+                 "a multilabel set: its mean average precision), DataComp's per-set number; mean: over the sets "
+                 "that have the column.")
     if summary.get("missing"):
         lines.append("Left out (not found): " + "; ".join(f"{n}: {why}" for n, why in summary["missing"].items()))
     return "\n".join(lines) + "\n"
@@ -295,7 +299,8 @@ def _pct(x: float | None) -> str:
 
 def suite_outcomes(folder: str | Path) -> dict[str, tuple[np.ndarray, str | None]]:
     """{`<set>/<metric>`: (one value per query, the queries' digest)} of a finished suite: each image's and
-    caption's R@k hit (from the ranks) and each image's top-k classification hit, in the model's own scorer."""
+    caption's R@k hit (from the ranks), each image's top-k classification hit and a multilabel set's AP per
+    class, in the model's own scorer."""
     folder = Path(folder)
     summary_file = folder / "suite.json"
     if not summary_file.is_file():
@@ -314,8 +319,9 @@ def suite_outcomes(folder: str | Path) -> dict[str, tuple[np.ndarray, str | None
                                                             f"{digest}:{direction}")
         if queries_path(path).is_file():
             values = load_query_values(queries_path(path))
-            prefix = f"sets.{name}.metrics.classification.per_sample."
-            for key, array in values.items():
-                if key.startswith(prefix) and not key.endswith("#items"):
-                    out[f"{name}/{key[len(prefix):]}"] = (array, values.get(key + "#items"))
+            for prefix in (f"sets.{name}.metrics.classification.per_sample.",
+                           f"sets.{name}.metrics.classification.per_class."):  # a multilabel set's per-class AP
+                for key, array in values.items():
+                    if key.startswith(prefix) and not key.endswith("#items"):
+                        out[f"{name}/{key[len(prefix):]}"] = (array, values.get(key + "#items"))
     return out

@@ -8,29 +8,14 @@ train uses the trained one's score, transposed: `similarity.evaluation_scorers`)
 given with `mode=`.
 
 Retrieval. Image->text and text->image R@1/5/10, mean and median rank (`magclip.metrics.retrieval`),
-with caption identity as relevance: a retrieved item is a hit when it carries the query's caption,
-so duplicate captions (two art styles of one emoji) count as one. With unique captions this is
+every caption of an image scored, relevance by the set's rule (`magclip.metrics.relevance`): by image
+for the benchmarks' own layouts (CLIP_benchmark's), by caption identity for shards, so duplicate
+captions (two art styles of one emoji) count as one. With one unique caption per image both are
 exactly open_clip's `get_clip_metrics` in cosine mode.
 
-Classification. Images are the queries, class prototypes the documents, so the i2t Scorer scores
-them. Class names x prompt templates are encoded raw, then reduced to one prototype per class in
-the Scorer's *prepared document space* (`class_prototypes`), and an image's scores are
-`prepare_queries(image) @ prototypes.T`:
-
-- gamma_d == 1 (cosine, dnorm, or a learnable run that ended at gamma_d = 1): documents carry no
-  magnitude by construction, so the prototype is open_clip's `build_zero_shot_classifier`:
-  L2-normalise each template embedding, average, L2-normalise again. In cosine mode the result
-  equals open_clip's classifier (tests check it).
-- gamma_d < 1 (qnorm, dot, learnable): the document's magnitude is part of the score the model
-  was trained with, so renormalising would throw away what is evaluated. The prototype is the mean
-  of the *prepared* template embeddings, `mean_t prepare_docs(d_t)`. By linearity its score is the
-  mean of the per-template scores, `s(q, proto) = mean_t s(q, d_t)` (any gamma_q), and with a
-  single template it is exactly `prepare_docs(d)`: the class keeps the mean magnitude its texts
-  have under the model's own exponent.
-
-Metrics: top-1, top-5 accuracy (each k up to the number of classes) and mean per-class recall (balanced accuracy over the classes that
-occur in the data), over all samples and again without the samples of chosen class groups (e.g.
-the emoji Flags category); the candidate set is always every class.
+Classification (magclip.evaluation.classify): images are the queries, class prototypes built from class
+names x templates the documents, scored by the i2t Scorer; top-1, top-5 and mean per-class recall, or
+for a multilabel set (CLIP_benchmark's VOC2007 form) the mean average precision over the classes.
 
 Data: webdataset shards read in order, one process. A sample is KEY.{jpg,jpeg,png,webp} +
 KEY.txt (caption, needed for retrieval) + a label for classification: KEY.cls (an integer index
@@ -69,6 +54,7 @@ from magclip.data.eval_sets import EvalSet, resolve_eval_set
 from magclip.data.image_folder import ImageFolderSet
 from magclip.evaluation import ZEROSHOT_TASKS
 from magclip.evaluation.checkpoint import EvalModel
+from magclip.evaluation.classify import class_prototypes, class_text_features, classify, top_classes
 from magclip.evaluation.clip import caption_items, retrieval_from_features
 from magclip.evaluation.encode import (
     EncodedSet,
@@ -79,8 +65,7 @@ from magclip.evaluation.encode import (
 )
 from magclip.evaluation.index import export_index
 from magclip.io import publish_dir, umask_mode
-from magclip.metrics.classification import classification_metrics
-from magclip.metrics.ranks import RetrievalMetrics, items_digest
+from magclip.metrics.ranks import items_digest
 from magclip.metrics.relevance import MATCHING, caption_owners
 from magclip.modes import ScorerSpec
 from magclip.similarity import Scorer
@@ -88,73 +73,6 @@ from magclip.similarity import Scorer
 log = logging.getLogger("magclip.evaluation.zeroshot")
 
 TASKS = ZEROSHOT_TASKS
-TOP_K = (1, 5)  # classification accuracies reported (each k up to the number of classes)
-
-
-# ============================================================================ class texts
-
-
-def class_text_features(model: EvalModel, names: Sequence[str], templates: Sequence[str | Callable[[str], str]],
-                        *, batch_size: int = 256, device: str | torch.device = "cpu") -> Tensor:
-    """Raw features of every (class, template) text: [C, T, D]."""
-    texts = [fill_template(t, n) for n in names for t in templates]
-    return encode_texts(model, texts, batch_size=batch_size, device=device).reshape(len(names), len(templates), -1)
-
-
-# ============================================================================ scoring
-
-
-def class_prototypes(template_features: Tensor, scorer: Scorer) -> Tensor:
-    """[C, D] class prototypes in the i2t Scorer's prepared-document space from [C, T, D] raw
-    template features (see the module docstring for the rule and why).
-
-    gamma_d == 1: normalise, mean, renormalise (open_clip's `build_zero_shot_classifier`, as rows).
-    gamma_d < 1: mean over templates of `scorer.prepare_docs(template feature)`.
-    """
-    if template_features.ndim != 3:
-        raise ValueError(f"expected [classes, templates, dim] features, got {tuple(template_features.shape)}")
-    prepared = scorer.prepare_docs(template_features)
-    mean = prepared.mean(dim=1)
-    if scorer.gamma_d == 1.0:
-        return mean / mean.norm(dim=-1, keepdim=True)
-    return mean
-
-
-@torch.no_grad()
-def top_classes(image_features: Tensor, prototypes: Tensor, scorer: Scorer, k: int = 5,
-                chunk_size: int = 4096) -> Tensor:
-    """[N, min(k, C)] class indices by descending score `prepare_queries(image) @ prototypes.T`."""
-    k = min(k, len(prototypes))
-    out = []
-    for start in range(0, len(image_features), chunk_size):
-        with torch.autocast(device_type=image_features.device.type, enabled=False):
-            scores = scorer.prepare_queries(image_features[start:start + chunk_size]) @ prototypes.float().T
-        out.append(scores.topk(k, dim=1).indices.cpu())
-    return torch.cat(out)
-
-
-def classify(image_features: Tensor, labels: Tensor, prototypes: Tensor, scorer: Scorer, classes: ClassSet,
-             exclude_groups: Sequence[str] = (), items: Sequence[str] | None = None) -> dict[str, Any]:
-    """Metrics over all samples, without each excluded group and all of them, and top-1 per group.
-    Top-k only for k <= the number of classes (a top-5 of 3 classes would always be 1). With `items` (the
-    samples' keys) each sample's top-k hits ride along (`per_sample`, a `RetrievalMetrics` whose values the
-    results file keeps beside it) for paired statistics."""
-    ks = tuple(k for k in TOP_K if k <= len(classes))
-    top = top_classes(image_features, prototypes, scorer, k=max(ks))
-    out: dict[str, Any] = {"all": classification_metrics(top, labels, len(classes), ks)}
-    if items is not None:  # the hits themselves go beside the results file (<stem>.queries.npz), keyed per_sample.topK
-        out["per_sample"] = RetrievalMetrics({"num_samples": len(items)})
-        for k in ks:
-            out["per_sample"].add_values(f"top{k}", (top[:, :k] == labels.unsqueeze(1)).any(dim=1).double().numpy(),
-                                         items)
-    if classes.groups is not None:
-        group_of = np.array(classes.groups)[labels.numpy()]
-        for g in exclude_groups:
-            keep = torch.from_numpy(group_of != g)
-            out[f"without_{g}"] = classification_metrics(top[keep], labels[keep], len(classes), ks)
-        correct = (top[:, 0] == labels).double().numpy()
-        out["per_group_top1"] = {g: float(correct[group_of == g].mean()) for g in sorted(set(group_of.tolist()))}
-    return out
 
 
 # ============================================================================ the evaluation
@@ -256,6 +174,11 @@ def evaluate_zeroshot(
         if enc.skipped:
             what = "images" if es.layout in ("image_folder", "karpathy") else "samples/shards"
             entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
+        absent = _classes_without_positives(entry["metrics"])
+        if absent:
+            entry["warning"] = "; ".join(filter(None, [entry.get("warning"), (
+                f"classes without a positive sample: {absent}; each counts 0 in mean_average_precision, as "
+                "CLIP_benchmark counts it (mean_average_precision_present leaves them out)")]))
         if enc.long_captions.get("long_captions"):
             lc = enc.long_captions
             entry["warning"] = "; ".join(filter(None, [entry.get("warning"), (
@@ -335,7 +258,7 @@ def encode_set(model: EvalModel, es: EvalSet, tasks: Sequence[str], classes: Cla
     log.info("encoding %s (%s)", name, es.data)
     return encode_shards(model, es.urls, captions="retrieval" in tasks, classes=classes,
                          label_field=_shard_label_field(es, label_field), batch_size=batch_size, device=device,
-                         desc=f"encode {name}", caption_key=es.caption_key)
+                         desc=f"encode {name}", caption_key=es.caption_key, multilabel=es.multilabel)
 
 
 def _shard_label_field(es: EvalSet, label_field: str | None) -> str | None:
@@ -345,6 +268,8 @@ def _shard_label_field(es: EvalSet, label_field: str | None) -> str | None:
 def _label_source(es: EvalSet, label_field: str | None) -> str:
     if es.layout == "image_folder":
         return "class folder"
+    if es.multilabel:
+        return "KEY.npy"
     return _shard_label_field(es, label_field) or "KEY.cls"
 
 
@@ -363,6 +288,11 @@ def _score(enc: EncodedSet, es: EvalSet, tasks: Sequence[str], scorers: Mapping[
         metrics["classification"] = classify(enc.image_features, enc.labels, prototypes, scorers["i2t"], classes,
                                              exclude_groups, items=enc.keys)
     return metrics
+
+
+def _classes_without_positives(metrics: Mapping[str, Any]) -> int:
+    m = (metrics.get("classification") or {}).get("all", {})
+    return m["num_classes"] - m["num_classes_present"] if "mean_average_precision" in m else 0
 
 
 def _counts(enc: EncodedSet, es: EvalSet, classes: ClassSet | None) -> dict[str, Any]:
@@ -448,7 +378,8 @@ def _save_class_texts(folder: Path, classes: ClassSet, feats: Tensor, templates:
 
 
 def format_zeroshot_table(results: Mapping[str, Any]) -> str:
-    """Markdown: retrieval R@1/R@5 per direction and classification top-1/top-5/mean per-class recall."""
+    """Markdown: retrieval R@1/R@5 per direction, classification top-1/top-5/mean per-class recall, and
+    multilabel sets' mean average precision."""
     scorers = results.get("scorers", {})
     head = (f"model {results.get('model')}  checkpoint {results.get('checkpoint') or results.get('pretrained')}  "
             f"scorers i2t={_scorer_text(scorers.get('i2t'))} t2i={_scorer_text(scorers.get('t2i'))}")
@@ -469,36 +400,55 @@ def format_zeroshot_table(results: Mapping[str, Any]) -> str:
                              f"{m['num_unique_captions']} |")
         lines.append("")
     if any("classification" in s["metrics"] for s in sets.values()):
-        cls = results.get("classification") or {}
-        excluded = cls.get("excluded_groups", [])
-        cols = ["all", *(f"without_{g}" for g in excluded)]
+        lines += _classification_lines(results.get("classification") or {}, sets)
+    matchings = [f"{rule}: {text}" for rule, text in MATCHING.items()
+                 if any(s.get("matching") == rule for s in sets.values() if "retrieval" in s["metrics"])]
+    lines.append("Recall/accuracy in %" + (f"; retrieval matching: {'; '.join(matchings)}." if matchings else "."))
+    warnings = [f"{n}: {s['warning']}" for n, s in sets.items() if s.get("warning")]
+    if warnings:
+        lines.append("WARNING — " + "; ".join(warnings))
+    return "\n".join(lines)
+
+
+def _classification_lines(cls: Mapping[str, Any], sets: Mapping[str, Any]) -> list[str]:
+    """The single-label table (per excluded group too), the multilabel table, and what each list was."""
+    lines: list[str] = []
+    multilabel = {name: s["metrics"]["classification"]["all"] for name, s in sets.items()
+                  if _multilabel(s["metrics"].get("classification"))}
+    single = [name for name, s in sets.items() if "classification" in s["metrics"] and name not in multilabel]
+    if single:
+        cols = ["all", *(f"without_{g}" for g in cls.get("excluded_groups", []))]
         lines += ["| set | domain | subset | top-1 | top-5 | mean per-class recall | samples |",
                   "|---|---|---|---|---|---|---|"]
-        for name, s in sets.items():
-            c = s["metrics"].get("classification")
-            if not c:
-                continue
+        for name in single:
+            c = sets[name]["metrics"]["classification"]
             for col in cols:
                 m = c.get(col) or {}
                 if m.get("num_samples"):
-                    lines.append(f"| {name} | {s.get('domain', '')} | {col} | {_pct(m['top1'])} | "
-                                 f"{_pct(m.get('top5'))} | {_pct(m['mean_per_class_recall'])} | "
-                                 f"{m['num_samples']} |")
-        shared = cls.get("classes") is not None and cls.get("num_classes") is not None
-        lists = ([(None, cls)] if shared else
-                 [(name, s["classification"]) for name, s in sets.items() if s.get("classification")])
+                    lines.append(f"| {name} | {sets[name].get('domain', '')} | {col} | {_pct(m['top1'])} | "
+                                 f"{_pct(m.get('top5'))} | {_pct(m['mean_per_class_recall'])} | {m['num_samples']} |")
         lines.append("")
-        for name, c in lists:
-            lines.append(f"{name + ': ' if name else ''}{c.get('num_classes')}-way classification over "
-                         f"{c.get('classes')} (chance top-1 {100 / max(1, c.get('num_classes') or 1):.3f} %), "
-                         f"prototypes: {cls.get('prototype_rule')}.")
-    lines.append("Recall/accuracy in %; retrieval matching: " + "; ".join(f"{rule}: {text}" for rule, text in MATCHING.items()
-                                                                     if any(s.get("matching") == rule for s in sets.values()
-                                                                            if "retrieval" in s["metrics"])) + ".")
-    warnings = [f"{n}: {s['warning']}" for n, s in sets.items() if s.get("warning")]
-    if warnings:
-        lines.append("WARNING skipped data — " + "; ".join(warnings))
-    return "\n".join(lines)
+    if multilabel:
+        lines += ["| set | domain | mAP | mAP over classes present | classes present | labels a sample | samples |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {sets[name].get('domain', '')} | {_pct(m['mean_average_precision'])} | "
+                  f"{_pct(m['mean_average_precision_present'])} | {m['num_classes_present']} / {m['num_classes']} | "
+                  f"{m['labels_per_sample']:.2f} | {m['num_samples']} |" for name, m in multilabel.items()]
+        lines.append("")
+    shared = cls.get("classes") is not None and cls.get("num_classes") is not None
+    lists = ([(None, cls, not single)] if shared else
+             [(name, s["classification"], name in multilabel) for name, s in sets.items() if s.get("classification")])
+    for name, c, is_multilabel in lists:
+        n = c.get("num_classes") or 1
+        what = (f"{n}-class multilabel classification" if is_multilabel else f"{n}-way classification")
+        chance = "" if is_multilabel else f" (chance top-1 {100 / max(1, n):.3f} %)"
+        lines.append(f"{name + ': ' if name else ''}{what} over {c.get('classes')}{chance}, "
+                     f"prototypes: {cls.get('prototype_rule')}.")
+    return lines
+
+
+def _multilabel(classification: Mapping[str, Any] | None) -> bool:
+    return bool(classification) and "mean_average_precision" in classification.get("all", {})
 
 
 def _pct(x: float | None) -> str:

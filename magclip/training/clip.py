@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from magclip.config import LossConfig, RunConfig, to_dict
-from magclip.data.eval_sets import EvalSet, resolve_eval_set
+from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_eval_set
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
@@ -191,9 +191,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         if es.karpathy is not None:
             return es, _Reiterable(lambda: es.karpathy.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
                                                                     Counter(), workers=cfg.data.workers))
-        if es.urls is None:
-            raise ValueError(f"data.eval_sets.{name}: {path} is an image folder (classification): a training run "
-                             "evaluates retrieval; classify it with eval/zeroshot.py or eval/suite.py")
+        if es.task == "classification":  # an image folder, a CLIP_benchmark classification or multilabel folder
+            raise es.refuse_task("retrieval", f"data.eval_sets.{name}", TRAINING_HINT)
         return es, build_clip_loader(es.urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
                                      batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
                                      rank=0, world_size=1, drop_last=False, caption_key=es.caption_key,

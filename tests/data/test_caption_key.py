@@ -127,3 +127,19 @@ def test_training_reads_the_caption_from_key_json_and_evaluates_the_benchmarks_l
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "data.caption_key='caption': use 'txt'" in bad.stderr.strip().splitlines()[-1]
 
+
+
+def test_training_refuses_a_classification_set_among_its_eval_sets_before_it_starts(tmp_path):
+    """A CLIP_benchmark classification (or multilabel) folder has no captions: a run that would fail only at
+    its end evaluating it is refused at once, naming the key."""
+    cls = tmp_path / "voc"
+    write_tar(cls / "test" / "0.tar", [("s0.png", png(1, 16)), ("s0.cls", b"0")])
+    (cls / "test" / "nshards.txt").write_text("1\n")
+    (cls / "classnames.txt").write_text("cat\ndog\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), f"data.eval_sets={{voc: {cls}}}",
+                           f"output_dir={tmp_path / 'runs'}"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (f"data.eval_sets.voc: {cls} is a CLIP_benchmark folder (no captions): retrieval needs captions; it is "
+            "scored for classification only: a training run evaluates retrieval") in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "runs").exists()

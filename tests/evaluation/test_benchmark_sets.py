@@ -23,6 +23,7 @@ from magclip import Scorer
 from magclip.data.eval_sets import resolve_eval_set
 from magclip.data.karpathy import KarpathySet
 from magclip.evaluation.clip import retrieval_from_features
+from magclip.metrics.ranks import load_query_values, queries_path
 from magclip.models.clip import create_clip
 
 cb_builder = pytest.importorskip("clip_benchmark.datasets.builder")
@@ -83,6 +84,22 @@ def classification_set(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def multilabel_set(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """CLIP_benchmark's own writer, multilabel (VOC2007's form: KEY.npy, 0/1 over the classes): 30 images,
+    some with no label at all, the last class never present; (the folder, the labels)."""
+    rng = np.random.default_rng(1)
+    labels = (rng.random((30, len(CLASSES))) < 0.3).astype(np.float32)
+    labels[::7] = 0
+    labels[:, -1] = 0
+    root = tmp_path_factory.mktemp("cb_multilabel")
+    convert_dataset([(png(200 + i), torch.from_numpy(y)) for i, y in enumerate(labels)], "test", str(root),
+                    image_format="png", max_count=12, multilabel=True, verbose=False)
+    (root / "classnames.txt").write_text("".join(c + "\n" for c in CLASSES))
+    (root / "zeroshot_classification_templates.txt").write_text("a photo of a {c}.\nan icon of the {c}\n")
+    return root, labels
+
+
 def clip_benchmark_model(weights: Path):
     """The open_clip model with the same weights, as CLIP_benchmark evaluates it."""
     bundle = create_clip("tiny-resnet", str(weights))
@@ -140,6 +157,58 @@ def test_classification_equals_clip_benchmark_classifier(classification_set, wei
 
 
 # ----------------------------------------------------------------------------- multi-caption rules
+
+
+def test_multilabel_equals_clip_benchmark_evaluate(multilabel_set, weights, tmp_path):
+    """A multilabel folder scored by CLIP_benchmark's own evaluate (its mean-average-precision path does not
+    reach the accuracy helper that fails under numpy 2) and, class by class, by its average_precision_per_class;
+    a class without a positive counts 0 in both, and magclip says so."""
+    root, labels = multilabel_set
+    model, preprocess, tokenizer = clip_benchmark_model(weights)
+    dataset = cb_builder.build_wds_dataset("wds_mine", preprocess, split="test", data_dir=str(root))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8)  # torch's collate makes the label vectors a tensor
+    theirs = zeroshot_classification.evaluate(model, loader, tokenizer, dataset.classes, dataset.templates, "cpu",
+                                              amp=False)
+    classifier = zeroshot_classification.zero_shot_classifier(model, tokenizer, dataset.classes, dataset.templates,
+                                                              "cpu", amp=False)
+    logits, target = zeroshot_classification.run_classification(model, classifier, loader, "cpu", amp=False)
+    their_ap = zeroshot_classification.average_precision_per_class(logits, target)
+    out = tmp_path / "m.json"
+    res = run_magclip(["--model", "tiny-resnet", "--pretrained", str(weights), "--mode", "cosine",
+                       "--data", f"voc={root}"], out)
+    entry = res["sets"]["voc"]
+    mine = entry["metrics"]["classification"]["all"]
+    assert entry["multilabel"] and entry["tasks"] == ["classification"]
+    assert entry["classification"]["label_field"] == "KEY.npy" and mine["num_samples"] == len(labels)
+    assert mine["mean_average_precision"] == pytest.approx(theirs["mean_average_precision"], abs=1e-6)
+    assert 0.0 < mine["mean_average_precision"] < 1.0
+    per_class = load_query_values(queries_path(out))["sets.voc.metrics.classification.per_class.AP"]
+    np.testing.assert_allclose(per_class, their_ap.numpy(), atol=1e-6)
+    assert mine["num_classes_present"] == len(CLASSES) - 1 and per_class[-1] == 0.0
+    assert "classes without a positive sample: 1" in entry["warning"]
+    assert mine["mean_average_precision_present"] == pytest.approx(per_class[:-1].mean())
+
+
+@pytest.mark.parametrize("npy, message", [
+    (np.zeros(3, dtype=np.float32), r"key s0000000: \.npy has shape \(3,\); a multilabel label is one 0/1 entry per "
+                                    r"class \(7 in classnames\.txt\)"),
+    (np.full(7, 2.0, dtype=np.float32), r"key s0000000: \.npy holds \[2\.0\], not only 0 and 1"),
+    (None, r"key s0000000 has no \.npy label vector"),
+])
+def test_a_bad_multilabel_label_is_named(weights, tmp_path, npy, message):
+    buf = io.BytesIO()
+    if npy is not None:
+        np.save(buf, npy)
+    members = {"s0000000.png": png(1), **({"s0000000.npy": buf.getvalue()} if npy is not None else {"s0000000.cls": b"1"})}
+    _shard(tmp_path / "set" / "test" / "0.tar", members)
+    (tmp_path / "set" / "test" / "nshards.txt").write_text("1\n")
+    (tmp_path / "set" / "dataset_type.txt").write_text("multilabel\n")
+    (tmp_path / "set" / "classnames.txt").write_text("".join(c + "\n" for c in CLASSES))
+    (tmp_path / "set" / "zeroshot_classification_templates.txt").write_text("a photo of a {c}.\n")
+    with pytest.raises(ValueError, match=message):
+        run_magclip(["--model", "tiny-resnet", "--pretrained", str(weights), "--data", f"set={tmp_path / 'set'}"],
+                    tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_an_image_whose_best_caption_ranks_second():
@@ -233,7 +302,7 @@ def _folder(root: Path, n: int = 2, dataset_type: str | None = "retrieval", txt:
     (lambda r: (r / "test" / "nshards.txt").write_text("two\n"), r"nshards\.txt: holds 'two', not a number"),
     (lambda r: (r / "dataset_type.txt").write_text("segmentation\n"), r"dataset_type\.txt: unknown dataset type "
                                                                        r"'segmentation'"),
-    (lambda r: (r / "dataset_type.txt").write_text("multilabel\n"), r"multilabel sets .* are not supported"),
+    (lambda r: (r / "dataset_type.txt").write_text("multilabel\n"), r"classnames\.txt: not found: the multilabel"),
     (lambda r: (r / "dataset_type.txt").write_text("classification\n"), r"classnames\.txt: not found"),
 ])
 def test_a_broken_clip_benchmark_folder_is_named(tmp_path, break_it, message):

@@ -57,6 +57,17 @@ def _weights(path: Path, seed: int) -> Path:
     return path
 
 
+def _two_checkpoints_suites(suite: Path, tmp_path: Path) -> list[Path]:
+    """The suite run for two random-init checkpoints (seeds 0 and 1): their output folders."""
+    outs = []
+    for seed in (0, 1):
+        out = tmp_path / f"s{seed}"
+        eval_suite.main(["--suite", str(suite), "--model", "tiny-resnet", "--pretrained",
+                         str(_weights(tmp_path / f"{seed}.pt", seed)), "--out", str(out)])
+        outs.append(out)
+    return outs
+
+
 def test_suite_table_equals_each_set_alone_and_resumes(suite_dir, tmp_path):
     weights = _weights(tmp_path / "a.pt", 0)
     out = tmp_path / "out"
@@ -80,12 +91,7 @@ def test_suite_table_equals_each_set_alone_and_resumes(suite_dir, tmp_path):
 
 
 def test_two_checkpoints_compare_query_by_query(suite_dir, tmp_path):
-    outs = []
-    for seed in (0, 1):
-        out = tmp_path / f"s{seed}"
-        eval_suite.main(["--suite", str(suite_dir / "suite.yaml"), "--model", "tiny-resnet", "--pretrained",
-                         str(_weights(tmp_path / f"{seed}.pt", seed)), "--out", str(out)])
-        outs.append(out)
+    outs = _two_checkpoints_suites(suite_dir / "suite.yaml", tmp_path)
     found, skipped = compare_suites(*outs, n_resamples=200)
     keys = {m.row_key for m in found}
     assert {"coco_like/image_to_text_R@1", "coco_like/text_to_image_R@10", "colours/top1"} <= keys and not skipped
@@ -132,3 +138,34 @@ def test_a_suite_is_prepared_whole_before_the_model_loads(suite_dir, tmp_path):
         "colours": {"path": "cls/c-000000.tar", "task": "classification"}}}))
     with pytest.raises(ValueError, match=r"set colours: classification of shards needs classes:"):
         prepare_suite(load_suite(bad))
+
+
+def test_a_multilabel_set_in_a_suite_is_its_mean_average_precision_and_pairs_by_class(tmp_path):
+    """A CLIP_benchmark multilabel folder: the table's mAP and main are its mean average precision, and two
+    checkpoints pair class by class on each class's AP."""
+    import io
+
+    import numpy as np
+
+    members = []
+    for i in range(16):
+        buf = io.BytesIO()
+        np.save(buf, np.array([i % 2, i % 3 == 0, 1, i % 4 == 1], dtype=np.float32))
+        members += [(f"s{i:07d}.png", png(300 + i, 16)), (f"s{i:07d}.npy", buf.getvalue())]
+    root = tmp_path / "voc"
+    write_tar(root / "test" / "0.tar", members)
+    (root / "test" / "nshards.txt").write_text("1\n")
+    (root / "dataset_type.txt").write_text("multilabel\n")
+    (root / "classnames.txt").write_text("".join(c + "\n" for c in COLOURS))
+    (root / "zeroshot_classification_templates.txt").write_text("a photo of a {c} thing.\n")
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump({"sets": {"voc": {"path": "voc"}}}))
+    outs = _two_checkpoints_suites(tmp_path / "suite.yaml", tmp_path)
+    results = [json.loads((o / "sets" / "voc.json").read_text())["sets"]["voc"]["metrics"]["classification"]["all"]
+               for o in outs]
+    row = next(csv.DictReader((outs[0] / "suite.csv").open()))
+    assert float(row["mAP"]) == pytest.approx(results[0]["mean_average_precision"]) == pytest.approx(float(row["main"]))
+    assert row["top1"] == "" and "| mAP | main |" in (outs[0] / "suite.md").read_text()
+    found, skipped = compare_suites(*outs, n_resamples=200)
+    (ap,) = [m for m in found if m.row_key == "voc/AP"]
+    assert ap.n_queries == len(COLOURS) and not skipped
+    assert ap.diff == pytest.approx(results[1]["mean_average_precision"] - results[0]["mean_average_precision"])
