@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
     check_paths(args, "checkpoint", "beir", "metrics")  # local inputs, before torch or a model is loaded
     if args.data:
-        resolve_eval_set("data", args.data, matching=args.matching, caption_key=args.caption_key, where="--data")
+        es = resolve_eval_set("data", args.data, matching=args.matching, caption_key=args.caption_key, where="--data")
+        if es.task == "classification":  # an image folder, a CLIP_benchmark classification or multilabel folder
+            raise es.refuse_task("retrieval", "--data", "the diagnostics read image-caption pairs: give a retrieval "
+                                                       "set (shards with captions, a retrieval folder, a Karpathy file)")
 
     import torch
 

@@ -159,3 +159,17 @@ def test_output_dir_on_a_read_only_mount_is_one_line_before_anything_is_built(re
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: output_dir: cannot write to {read_only_folder / 'runs' / 'x'} ({read_only_folder}, ")
+
+
+def test_diagnostics_refuse_a_classification_folder_before_any_model(tmp_path):
+    """A CLIP_benchmark classification folder has no captions: once read to the end and refused as "no sample"."""
+    from builders import png, write_tar
+
+    from magclip.cli import diagnose
+
+    write_tar(tmp_path / "cls" / "test" / "0.tar", [("s0.png", png(1)), ("s0.cls", b"0")])
+    (tmp_path / "cls" / "test" / "nshards.txt").write_text("1\n")
+    (tmp_path / "cls" / "classnames.txt").write_text("cat\n")
+    with pytest.raises(ValueError, match=r"--data: .*cls is a CLIP_benchmark folder \(no captions\).*the diagnostics "
+                                         r"read image-caption pairs"):
+        diagnose.main(["--model", "tiny-resnet", "--data", str(tmp_path / "cls"), "--out", str(tmp_path / "d")])
