@@ -14,13 +14,15 @@ dataset lists and DataComp's evaluation suite are run.
 An entry: `path` (required); `task` (retrieval, classification, both; default the set's own, as
 `eval/zeroshot.py` decides it), `split`, `matching` (image / caption), `caption_key`, `images`, `classes`,
 `templates` (a list), `class_set`, `class_name_field`, `class_key_field`, `class_group_field`, `label_field`
-(as eval/zeroshot.py's options); `synthetic:val` is the embedded synthetic scenes' validation shards. Every set is read and scored as `eval/zeroshot.py --data`
-reads and scores it (magclip.data.eval_sets, magclip.evaluation.zeroshot); each set's results go to
+(as eval/zeroshot.py's options), `main_metric` (the table's `main`, below); `synthetic:val` is the embedded
+synthetic scenes' validation shards. Every set is read and scored as `eval/zeroshot.py --data` reads and
+scores it (magclip.data.eval_sets, magclip.evaluation.zeroshot); each set's results go to
 `OUT/sets/<name>.json` with their per-query outcomes beside it (`.ranks.npz`: each image's and each
 caption's rank; `.queries.npz`: each image's top-k hits, or a multilabel set's AP per class), then
 `OUT/suite.md` and `OUT/suite.csv`: a row per set and the suite's mean. `main` is DataComp's per-set
 number: the mean of the two R@1 for retrieval, top-1 accuracy for classification (mean average
-precision for a multilabel set).
+precision for a multilabel set; the mean of the two tasks' for a set scored for both), unless the entry's
+`main_metric` names another (DataComp's tasklist.yml scores four sets by mean per-class recall).
 
 A finished set (its JSON, for the same model, scorers and entry) is not evaluated again, so a killed suite
 continues where it stopped. With `cosine_too` every set is also scored in cosine as CLIP_benchmark scores
@@ -60,6 +62,9 @@ SETS_DIR = "sets"
 RECALL_KS = (1, 5, 10)
 COLUMNS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "top1", "top5",
            "mean_per_class_recall", "mAP", "main")
+# what `main` may be (an entry's main_metric), and the task each needs; DataComp's tasklist.yml names the same
+MAIN_METRICS = {"mean_R@1": "retrieval", "top1": "classification", "top5": "classification",
+                "mean_per_class_recall": "classification", "mAP": "multilabel"}
 
 
 @dataclass
@@ -77,6 +82,18 @@ class SuiteEntry:
     class_key_field: str | None = None
     class_group_field: str | None = None
     label_field: str | None = None
+    main_metric: str | None = None  # MAIN_METRICS; None: mean_R@1, top1 or mAP by the set's task
+
+
+def _check_main_metric(name: str, entry: SuiteEntry, es: EvalSet, tasks: Sequence[str], where: str) -> None:
+    """An entry's main_metric is one the set will have."""
+    if entry.main_metric is None:
+        return
+    kind = "multilabel" if es.multilabel else "classification"
+    have = {"retrieval"} & set(tasks) | ({kind} if "classification" in tasks else set())
+    if MAIN_METRICS[entry.main_metric] not in have:
+        raise ConfigError(f"{where}: main_metric {entry.main_metric} needs a {MAIN_METRICS[entry.main_metric]} set; "
+                          f"{name} is scored for {' and '.join(sorted(have))}")
 
 
 @dataclass
@@ -114,6 +131,9 @@ def load_suite(path: str | Path, root: str | Path | None = None, only: Sequence[
     sets = {name: from_dict(SuiteEntry, entry, f"sets.{name}.") for name, entry in spec.sets.items()}
     if not sets:
         raise ConfigError(f"{path}: no sets")
+    for name, entry in sets.items():
+        if entry.main_metric is not None and entry.main_metric not in MAIN_METRICS:
+            raise ConfigError(f"{path}: sets.{name}.main_metric {entry.main_metric!r}; allowed: {', '.join(MAIN_METRICS)}")
     unknown = [n for n in only if n not in sets]
     if unknown:
         raise ConfigError(f"{path}: no set {unknown[0]!r}; its sets: {', '.join(sets)}")
@@ -157,6 +177,7 @@ def prepare_suite(suite: Suite, skip_missing: bool = False) -> PreparedSuite:
             templates=[_template(suite, t) for t in entry.templates], class_set=entry.class_set, where=where,
             classes_hint="classes:", name_field=entry.class_name_field, key_field=entry.class_key_field,
             group_field=entry.class_group_field))
+        _check_main_metric(name, entry, es, sets[name][1].tasks, where)
     return PreparedSuite(suite, sets, missing)
 
 
@@ -186,7 +207,7 @@ def run_suite(model, prepared: PreparedSuite, out: str | Path, *, cosine_too: bo
         result["suite_entry"] = identity
         write_results_with_outcomes(target, result)
         records[name] = result
-    rows = suite_rows(records)
+    rows = suite_rows(records, {name: suite.sets[name].main_metric for name in records})
     summary = {"suite": str(suite.source), "root": str(suite.root), "model": model.model_name,
                "checkpoint": model.source.get("checkpoint"), "pretrained": model.source.get("pretrained"),
                "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "scorers_from": model.source.get("scorers_from"),
@@ -205,7 +226,10 @@ def _template(suite: Suite, value: str) -> str:
 
 
 def _identity(model, entry: SuiteEntry, cosine_too: bool) -> dict[str, Any]:
-    return {"entry": asdict(entry), "checkpoint": model.source.get("checkpoint"),
+    """What makes a finished set's JSON reusable: the entry as it reads the set (its main_metric only picks a
+    column of the table), the model and its scorers."""
+    read = {k: v for k, v in asdict(entry).items() if k != "main_metric"}
+    return {"entry": read, "checkpoint": model.source.get("checkpoint"),
             "pretrained": model.source.get("pretrained"), "model": model.model_name,
             "scorers": {d: s.to_dict() for d, s in model.scorers.items()}, "cosine_too": cosine_too}
 
@@ -223,14 +247,16 @@ def _finished(target: Path, identity: Mapping[str, Any]) -> dict[str, Any] | Non
 # ============================================================================ the table
 
 
-def suite_rows(records: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per set (and per set in cosine where scored), then the suite's mean of every column."""
+def suite_rows(records: Mapping[str, Mapping[str, Any]],
+               main_metrics: Mapping[str, str | None] | None = None) -> list[dict[str, Any]]:
+    """One row per set (and per set in cosine where scored), then the suite's mean of every column.
+    `main_metrics`: {set: the entry's main_metric}, where it names one."""
     rows = []
     for name, record in records.items():
-        entry = record["sets"][name]
-        rows.append(_row(name, entry, entry["metrics"]))
+        entry, chosen_main = record["sets"][name], (main_metrics or {}).get(name)
+        rows.append(_row(name, entry, entry["metrics"], chosen_main))
         for label, also in (entry.get("also") or {}).items():
-            rows.append(_row(f"{name} ({label})", entry, also["metrics"]))
+            rows.append(_row(f"{name} ({label})", entry, also["metrics"], chosen_main))
     for label in dict.fromkeys(r["scored"] for r in rows):  # the model's own scorer first
         chosen = [r for r in rows if r["scored"] == label]
         mean: dict[str, Any] = {"set": "mean" if label == "own" else f"mean ({label})", "scored": label,
@@ -238,11 +264,13 @@ def suite_rows(records: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]
         for col in COLUMNS:
             values = [r[col] for r in chosen if r.get(col) is not None]
             mean[col] = float(np.mean(values)) if values else None
+        mean["main_metric"] = "mean of the rows' main"
         rows.append(mean)
     return rows
 
 
-def _row(name: str, entry: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+def _row(name: str, entry: Mapping[str, Any], metrics: Mapping[str, Any],
+         main_metric: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"set": name, "scored": name.rpartition(" (")[2].rstrip(")") if " (" in name else "own",
                            "layout": entry.get("layout", ""), "task": "+".join(entry.get("tasks", [])),
                            "matching": entry.get("matching", "") if "retrieval" in metrics else "",
@@ -254,10 +282,12 @@ def _row(name: str, entry: Mapping[str, Any], metrics: Mapping[str, Any]) -> dic
     for key in ("top1", "top5", "mean_per_class_recall"):
         row[key] = c.get(key) if c else None
     row["mAP"] = c.get("mean_average_precision") if c else None
-    cls_main = (c.get("top1", c.get("mean_average_precision")) if c else None)  # a multilabel set: its mAP
-    row["main"] = (float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"]])) if r and c is None else
-                   cls_main if c and r is None else
-                   float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"], cls_main])) if r and c else None)
+    row["mean_R@1"] = float(np.mean([r["image_to_text_R@1"], r["text_to_image_R@1"]])) if r else None
+    defaults = [m for m in ("mean_R@1", "top1", "mAP") if row[m] is not None]
+    parts = [main_metric] if main_metric else defaults  # a set scored for both tasks: the mean of the two
+    row["main"] = float(np.mean([row[m] for m in parts])) if parts and row[parts[0]] is not None else None
+    row["main_metric"] = "+".join(parts)
+    del row["mean_R@1"]
     return row
 
 
@@ -266,16 +296,16 @@ def suite_markdown(summary: Mapping[str, Any]) -> str:
             f"({summary.get('checkpoint') or summary.get('pretrained') or 'random init'}), scorers "
             + ", ".join(f"{d}={s['mode']}" for d, s in summary["scorers"].items()))
     header = ("| set | layout | task | matching | n | i→t R@1 | i→t R@5 | i→t R@10 | t→i R@1 | t→i R@5 | t→i R@10 | "
-              "top-1 | top-5 | mean per-class recall | mAP | main |")
-    lines = [head, "", header, "|---" * 16 + "|"]
+              "top-1 | top-5 | mean per-class recall | mAP | main | main is |")
+    lines = [head, "", header, "|---" * 17 + "|"]
     for row in summary["rows"]:
         cells = [row["set"], row["layout"], row["task"], row["matching"], row["n"] if row["n"] is not None else "",
-                 *(_pct(row[col]) for col in COLUMNS)]
+                 *(_pct(row[col]) for col in COLUMNS), row.get("main_metric", "")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
-    lines.append("Recall and accuracy in %; main: the mean of the two R@1 (retrieval) or top-1 (classification; "
-                 "a multilabel set: its mean average precision), DataComp's per-set number; mean: over the sets "
-                 "that have the column.")
+    lines.append("Recall and accuracy in %; main: DataComp's per-set number, named in `main is` (by default the "
+                 "mean of the two R@1 for retrieval, top-1 for classification, mAP for a multilabel set); mean: over "
+                 "the sets that have the column.")
     if summary.get("missing"):
         lines.append("Left out (not found): " + "; ".join(f"{n}: {why}" for n, why in summary["missing"].items()))
     return "\n".join(lines) + "\n"
@@ -283,7 +313,8 @@ def suite_markdown(summary: Mapping[str, Any]) -> str:
 
 def suite_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["set", "scored", "layout", "task", "matching", "n", *COLUMNS])
+    writer = csv.DictWriter(buf, fieldnames=["set", "scored", "layout", "task", "matching", "n", *COLUMNS,
+                                             "main_metric"])
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})

@@ -169,3 +169,40 @@ def test_a_multilabel_set_in_a_suite_is_its_mean_average_precision_and_pairs_by_
     (ap,) = [m for m in found if m.row_key == "voc/AP"]
     assert ap.n_queries == len(COLOURS) and not skipped
     assert ap.diff == pytest.approx(results[1]["mean_average_precision"] - results[0]["mean_average_precision"])
+
+
+def test_main_is_the_metric_an_entry_names_and_a_metric_the_set_lacks_is_refused(suite_dir, tmp_path):
+    """DataComp scores Caltech-101, FGVC Aircraft, Flowers-102 and Pets by mean per-class recall: an entry's
+    main_metric picks the column `main` takes, the table names it, and changing it re-reads no set."""
+    from magclip.evaluation.suite import prepare_suite
+
+    labels = [0, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 3]  # unbalanced: top-1 and mean per-class recall differ
+    write_tar(tmp_path / "cls" / "c-000000.tar", [m for i, y in enumerate(labels) for m in
+                                                  ((f"k{i}.png", png(70 + i, 16)), (f"k{i}.cls", str(y).encode()))])
+    spec = yaml.safe_load((suite_dir / "suite.yaml").read_text())
+    spec["sets"]["coco_like"]["path"] = str(suite_dir / "retr")
+    spec["sets"]["colours"].update(path="cls/c-000000.tar", classes=str(suite_dir / "classes.txt"))
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(spec))
+    spec["sets"]["colours"]["main_metric"] = "mean_per_class_recall"
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    model = ["--model", "tiny-resnet", "--pretrained", str(_weights(tmp_path / "a.pt", 0)), "--out", str(out)]
+    eval_suite.main(["--suite", str(tmp_path / "plain.yaml"), *model])
+    assert next(r for r in csv.DictReader((out / "suite.csv").open()) if r["set"] == "colours")["main_metric"] == "top1"
+    before = (out / "sets" / "colours.json").stat().st_mtime_ns
+    eval_suite.main(["--suite", str(tmp_path / "suite.yaml"), *model])
+    assert (out / "sets" / "colours.json").stat().st_mtime_ns == before  # only the table changed
+    rows = {r["set"]: r for r in csv.DictReader((out / "suite.csv").open())}
+    assert rows["colours"]["main_metric"] == "mean_per_class_recall"
+    assert float(rows["colours"]["main"]) == pytest.approx(float(rows["colours"]["mean_per_class_recall"]))
+    assert float(rows["colours"]["main"]) != pytest.approx(float(rows["colours"]["top1"]))  # a real difference
+    assert rows["coco_like"]["main_metric"] == "mean_R@1"
+    assert "| main is |" in (out / "suite.md").read_text()
+    spec["sets"]["colours"]["main_metric"] = "mAP"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=r"main_metric mAP needs a multilabel set; colours is scored for classification"):
+        prepare_suite(load_suite(tmp_path / "bad.yaml"))
+    spec["sets"]["colours"]["main_metric"] = "top_1"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=r"sets\.colours\.main_metric 'top_1'; allowed: mean_R@1, top1"):
+        load_suite(tmp_path / "bad.yaml")
