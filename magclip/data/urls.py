@@ -44,14 +44,28 @@ def local_path(url: str) -> Path | None:
     return Path(url) if scheme == "" else None
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
+MIN_TAR_BYTES = 1024  # a tar's end-of-archive marker alone is two 512-byte blocks
+
+
 def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
-    """A FileNotFoundError naming the first local shard that is not there (and the config key it came from)."""
+    """A FileNotFoundError naming the first local shard that is not there (and the config key it came from);
+    a ValueError for a Git LFS pointer in a shard's place (a benchmark cloned without its LFS files), which
+    the readers would otherwise skip as a corrupt tar and score the rest of the set."""
+    where = f"{key}: " if key else ""
     for url in urls:
         path = local_path(url)
         if path is not None and not path.is_file():
             origin = f" (from {url})" if str(path) != url else ""
-            where = f"{key}: " if key else ""
             raise FileNotFoundError(f"{where}shard not found: {path}{origin}")
+        if path is not None and path.stat().st_size < MIN_TAR_BYTES and _is_lfs_pointer(path):
+            raise ValueError(f"{where}{path} is a Git LFS pointer, not a tar: the data was cloned without its LFS "
+                             "files; fetch them (git lfs pull in its repository) or download the shards")
+
+
+def _is_lfs_pointer(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(LFS_POINTER)) == LFS_POINTER
 
 
 def check_sources_exist(urls: str | list[str], key: str | None = None) -> list[str]:

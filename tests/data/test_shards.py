@@ -15,7 +15,7 @@ from PIL import Image
 from torchvision import transforms as T
 
 from magclip.data.shards import NoUsableDataError, build_clip_loader, count_samples, iter_tar_samples
-from magclip.data.urls import PipeFailedError, check_pipes_start
+from magclip.data.urls import PipeFailedError, check_pipes_start, check_sources_exist
 from builders import good, png, write_tar
 
 PRE = T.Compose([T.Resize((16, 16)), T.ToTensor()])
@@ -171,6 +171,17 @@ def test_missing_shard_names_the_path(tmp_path: Path) -> None:
     make_shards(tmp_path, "m", num_shards=2, per_shard=2)
     with pytest.raises(FileNotFoundError, match="m-002.tar"):
         build_clip_loader(str(tmp_path / "m-{000..002}.tar"), preprocess=PRE, tokenizer=TOK, batch_size=2)
+
+
+def test_a_git_lfs_pointer_in_a_shards_place_is_refused_naming_it(tmp_path: Path) -> None:
+    """A benchmark cloned without its LFS files: the reader would skip the pointer as a corrupt tar and score the
+    other shards; it is refused up front, naming the file and what to do."""
+    make_shards(tmp_path, "m", num_shards=2, per_shard=2)
+    (tmp_path / "m-001.tar").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:"
+                                        + "0" * 64 + "\nsize 40960\n")
+    with pytest.raises(ValueError, match=r"data\.val: .*m-001\.tar is a Git LFS pointer, not a tar: .*git lfs pull"):
+        check_sources_exist(str(tmp_path / "m-{000..001}.tar"), "data.val")
+    assert check_sources_exist(str(tmp_path / "m-000.tar"))  # a real shard passes
 
 
 def test_a_missing_shard_is_not_found_rather_than_damaged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
