@@ -125,6 +125,27 @@ def recover_dir(final_dir: str | Path) -> bool:
     return True
 
 
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
+LFS_POINTER_MAX_BYTES = 1024  # pointers are ~130 bytes; no tar, torch or safetensors file with data is this small
+
+
+def is_lfs_pointer(path: str | Path) -> bool:
+    """A Git LFS pointer where a data or weights file should be (its repository cloned without LFS files)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size >= LFS_POINTER_MAX_BYTES:
+            return False
+        with path.open("rb") as f:
+            return f.read(len(LFS_POINTER)) == LFS_POINTER
+    except OSError:
+        return False
+
+
+def lfs_pointer_error(path: str | Path, what: str) -> ValueError:
+    return DamagedFileError(f"{path} is a Git LFS pointer, not {what}: it was cloned without its LFS files; fetch them "
+                      "(git lfs pull in its repository) or download the files")
+
+
 class UnsafeFileError(ValueError):
     """A torch file holds Python objects beyond tensors and plain values: unpickling them could run code."""
 
@@ -138,6 +159,8 @@ def load_error(path: str | Path, exn: BaseException) -> ValueError | None:
     error that names the file; None where `exn` is not about the file's content (e.g. a missing file)."""
     if isinstance(exn, OSError) and exn.errno != errno.EINVAL:  # EINVAL: torch's zip reader seeking past a cut end
         return None
+    if is_lfs_pointer(path):
+        return lfs_pointer_error(path, "weights")
     if isinstance(exn, pickle.UnpicklingError) and "weights only load failed" in str(exn).lower():
         found = re.search(r"GLOBAL ([\w.]+)", str(exn))
         what = f" such as {found.group(1)}" if found else ""

@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 
 from braceexpand import braceexpand
 
+from magclip.io import is_lfs_pointer, lfs_pointer_error
+
 
 def expand_sources(urls: str | list[str]) -> list[list[str]]:
     """Shard URLs per source. A string is split at '::'; a list holds one pattern per source. A local
@@ -44,10 +46,6 @@ def local_path(url: str) -> Path | None:
     return Path(url) if scheme == "" else None
 
 
-LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file begins
-MIN_TAR_BYTES = 1024  # a tar's end-of-archive marker alone is two 512-byte blocks
-
-
 def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
     """A FileNotFoundError naming the first local shard that is not there (and the config key it came from);
     a ValueError for a Git LFS pointer in a shard's place (a benchmark cloned without its LFS files), which
@@ -58,14 +56,8 @@ def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
         if path is not None and not path.is_file():
             origin = f" (from {url})" if str(path) != url else ""
             raise FileNotFoundError(f"{where}shard not found: {path}{origin}")
-        if path is not None and path.stat().st_size < MIN_TAR_BYTES and _is_lfs_pointer(path):
-            raise ValueError(f"{where}{path} is a Git LFS pointer, not a tar: the data was cloned without its LFS "
-                             "files; fetch them (git lfs pull in its repository) or download the shards")
-
-
-def _is_lfs_pointer(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(len(LFS_POINTER)) == LFS_POINTER
+        if path is not None and is_lfs_pointer(path):
+            raise ValueError(f"{where}{lfs_pointer_error(path, 'a tar')}")
 
 
 def check_sources_exist(urls: str | list[str], key: str | None = None) -> list[str]:

@@ -291,3 +291,11 @@ def test_a_file_that_holds_no_state_dict_is_named(tmp_path):
     torch.save([1, 2, 3], path)
     with pytest.raises(ValueError, match=f"{path} is damaged: truncated, or not a file written by torch.save"):
         create_clip("tiny-resnet", str(path))
+
+
+def test_a_git_lfs_pointer_in_place_of_the_weights_is_named(tmp_path):
+    """torch.load read a pointer file as one holding Python objects and refused it as unsafe: the wrong reason."""
+    path = tmp_path / "open_clip_pytorch_model.bin"
+    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 409600\n")
+    with pytest.raises(ValueError, match=f"{path} is a Git LFS pointer, not weights"):
+        create_clip("tiny-resnet", str(path))

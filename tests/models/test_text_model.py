@@ -193,3 +193,16 @@ def test_a_truncated_weights_file_is_named_as_damaged(tmp_path, weights_file):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
         BiEncoder.from_pretrained(folder)
+
+
+def test_a_git_lfs_pointer_in_place_of_the_weights_is_named(tmp_path):
+    """A model repository cloned without its LFS files: the weights file is a ~130-byte pointer, which read as
+    'damaged' (safetensors) or as a file holding Python objects (torch.load)."""
+    from magclip.io import DamagedFileError
+
+    folder = make_tiny_bert(tmp_path / "model")
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 409600\n"
+    (folder / "model.safetensors").write_text(pointer)
+    with pytest.raises(DamagedFileError, match=f"{folder / 'model.safetensors'} is a Git LFS pointer, not weights: "
+                                               "it was cloned without its LFS files; fetch them"):
+        BiEncoder.from_pretrained(folder)
