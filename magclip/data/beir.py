@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from magclip.config import IDENTICAL_ID_RULES
-from magclip.io import atomic_write_jsonl
+from magclip.io import atomic_write_jsonl, is_lfs_pointer, lfs_pointer_error
 
 log = logging.getLogger("magclip.data.beir")
 
@@ -111,7 +111,14 @@ def doc_text(doc: dict[str, str]) -> str:
     return (doc.get("title", "") + " " + doc.get("text", "")).strip()
 
 
+def _refuse_lfs_pointer(path: str | Path) -> None:
+    """A BEIR set from a dataset repository cloned without its LFS files holds pointers, not its files."""
+    if is_lfs_pointer(path):
+        raise lfs_pointer_error(path, "a BEIR file")
+
+
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    _refuse_lfs_pointer(path)
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -166,6 +173,7 @@ def read_queries(folder: str | Path) -> dict[str, str]:
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """query-id, corpus-id, score (tab separated, header line)."""
     qrels: dict[str, dict[str, int]] = {}
+    _refuse_lfs_pointer(path)
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, None)

@@ -145,3 +145,12 @@ def test_empty_corpus_is_an_error_naming_it(tmp_path):
     from magclip.data.qa import load_distractors
     with pytest.raises(ValueError, match="empty corpus"):
         load_distractors([tmp_path / "blank"])
+
+
+# ---------------------------------------------------------------------------- cloned without its LFS files
+@pytest.mark.parametrize("name", ["corpus.jsonl", "queries.jsonl", "qrels/test.tsv"])
+def test_a_git_lfs_pointer_in_place_of_a_file_is_named(tmp_path, name):
+    folder = write_beir(tmp_path / "toy")
+    (folder / name).write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 + "\nsize 4096\n")
+    with pytest.raises(ValueError, match=f"{folder / name} is a Git LFS pointer, not a BEIR file"):
+        load_beir(folder, "test")
