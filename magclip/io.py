@@ -141,9 +141,10 @@ def is_lfs_pointer(path: str | Path) -> bool:
         return False
 
 
-def lfs_pointer_error(path: str | Path, what: str) -> ValueError:
-    return DamagedFileError(f"{path} is a Git LFS pointer, not {what}: it was cloned without its LFS files; fetch them "
-                      "(git lfs pull in its repository) or download the files")
+def lfs_pointer_error(path: str | Path, what: str, where: str = "") -> ValueError:
+    """The error for `is_lfs_pointer(path)` where `what` was expected; `where`: a prefix naming the key or flag."""
+    return DamagedFileError(f"{where}{path} is a Git LFS pointer, not {what}: it was cloned without its LFS files; "
+                            "fetch them (git lfs pull in its repository) or download the files")
 
 
 class UnsafeFileError(ValueError):

@@ -35,7 +35,7 @@ def check_inputs(cfg: Any) -> None:
     """Every local input a run config names exists: what a command checks before it imports torch or builds
     anything. Not part of `validate`: a config that names data of another machine still loads."""
     from magclip.config import RunConfig
-    from magclip.data.eval_sets import TRAINING_HINT, resolve_eval_set
+    from magclip.data.eval_sets import TRAINING_HINT, resolve_retrieval_set
     from magclip.data.urls import check_pipes_start, check_sources_exist
     from magclip.io import looks_like_path
 
@@ -47,9 +47,8 @@ def check_inputs(cfg: Any) -> None:
         eval_sets = {"data.val": cfg.data.val, **{f"data.eval_sets.{k}": v for k, v in cfg.data.eval_sets.items()}}
         for key, path in eval_sets.items():  # shards, a CLIP_benchmark folder or a Karpathy file: recognised and checked
             if path is not None:
-                es = resolve_eval_set(key, path, matching=cfg.eval.matching, caption_key=cfg.data.caption_key, where=key)
-                if es.task == "classification":
-                    raise es.refuse_task("retrieval", key, TRAINING_HINT)
+                es = resolve_retrieval_set(key, path, hint=TRAINING_HINT, matching=cfg.eval.matching,
+                                           caption_key=cfg.data.caption_key, where=key)
                 if es.urls is not None:
                     check_pipes_start(es.urls, key)
         pretrained = cfg.model.pretrained

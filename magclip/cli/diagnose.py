@@ -38,7 +38,7 @@ from typing import Any
 
 from magclip.cli import UsageError, as_command, check_paths, check_scorer_flags
 from magclip.config import MATCHINGS
-from magclip.data.eval_sets import resolve_eval_set
+from magclip.data.eval_sets import resolve_retrieval_set
 from magclip.modes import MODES
 
 
@@ -104,10 +104,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_scorer_flags(args.mode, args.gamma_q, args.gamma_d)
     check_paths(args, "checkpoint", "beir", "metrics")  # local inputs, before torch or a model is loaded
     if args.data:
-        es = resolve_eval_set("data", args.data, matching=args.matching, caption_key=args.caption_key, where="--data")
-        if es.task == "classification":  # an image folder, a CLIP_benchmark classification or multilabel folder
-            raise es.refuse_task("retrieval", "--data", "the diagnostics read image-caption pairs: give a retrieval "
-                                                       "set (shards with captions, a retrieval folder, a Karpathy file)")
+        resolve_retrieval_set("data", args.data, matching=args.matching, caption_key=args.caption_key, where="--data",
+                              hint="the diagnostics read image-caption pairs: give a retrieval set (shards with "
+                                   "captions, a retrieval folder, a Karpathy file)")
 
     import torch
 

@@ -109,6 +109,17 @@ def resolve_eval_set(name: str, path: str, *, split: str | None = None, matching
     return EvalSet(name, "shards", given, None, matching or "caption", caption_key or TXT, urls=path)
 
 
+def resolve_retrieval_set(name: str, path: str, *, hint: str, matching: str | None = None,
+                          caption_key: str | None = None, where: str | None = None) -> EvalSet:
+    """`resolve_eval_set` for a reader of image-caption pairs (a training run's validation, the diagnostics): a
+    set scored for classification only (an image folder, a CLIP_benchmark classification or multilabel folder)
+    is refused at once, naming it, with `hint` (what to do instead)."""
+    es = resolve_eval_set(name, path, matching=matching, caption_key=caption_key, where=where)
+    if es.task == "classification":
+        raise es.refuse_task("retrieval", where or f"data set {name}", hint)
+    return es
+
+
 def eval_set_tasks(es: EvalSet, task: str | None, has_classes: bool, where: str) -> tuple[str, ...]:
     """`task` (retrieval, classification or both), else the set's own (a CLIP_benchmark folder's dataset_type,
     an image folder's classification, a Karpathy file's retrieval), else retrieval for shards, and

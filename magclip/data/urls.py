@@ -57,7 +57,7 @@ def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
             origin = f" (from {url})" if str(path) != url else ""
             raise FileNotFoundError(f"{where}shard not found: {path}{origin}")
         if path is not None and is_lfs_pointer(path):
-            raise ValueError(f"{where}{lfs_pointer_error(path, 'a tar')}")
+            raise lfs_pointer_error(path, "a tar", where)
 
 
 def check_sources_exist(urls: str | list[str], key: str | None = None) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from magclip.config import LossConfig, RunConfig, to_dict
-from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_eval_set
+from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_retrieval_set
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
@@ -186,13 +186,12 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
 
     def eval_loader(name: str, path: str) -> tuple[EvalSet, Any]:
         """The set (its layout recognised) and a re-iterable source of its batches, every caption kept."""
-        es = resolve_eval_set(name, path, matching=cfg.eval.matching, caption_key=cfg.data.caption_key,
-                              where=f"data.{name}" if name == "val" else f"data.eval_sets.{name}")
+        es = resolve_retrieval_set(name, path, hint=TRAINING_HINT, matching=cfg.eval.matching,
+                                   caption_key=cfg.data.caption_key,
+                                   where=f"data.{name}" if name == "val" else f"data.eval_sets.{name}")
         if es.karpathy is not None:
             return es, _Reiterable(lambda: es.karpathy.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
                                                                     Counter(), workers=cfg.data.workers))
-        if es.task == "classification":  # an image folder, a CLIP_benchmark classification or multilabel folder
-            raise es.refuse_task("retrieval", f"data.eval_sets.{name}", TRAINING_HINT)
         return es, build_clip_loader(es.urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
                                      batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
                                      rank=0, world_size=1, drop_last=False, caption_key=es.caption_key,
