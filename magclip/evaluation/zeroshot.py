@@ -59,7 +59,7 @@ from magclip.evaluation.clip import caption_items, retrieval_from_features
 from magclip.evaluation.encode import (
     EncodedSet,
     encode_image_folder,
-    encode_karpathy,
+    encode_captioned,
     encode_shards,
     encode_texts,
 )
@@ -172,8 +172,10 @@ def evaluate_zeroshot(
                                                              for f, i in zip(folder.folders, folder.labels)}
         entry["counts"] = _counts(enc, es, set_classes.get(name))
         if enc.skipped:
-            what = "images" if es.layout in ("image_folder", "karpathy") else "samples/shards"
+            what = "images" if es.layout in ("image_folder", "karpathy", "coco_captions") else "samples/shards"
             entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
+        if es.captioned is not None and es.captioned.merged_duplicates:
+            entry["warning"] = "; ".join(filter(None, [entry.get("warning"), es.captioned.duplicates_note()]))
         absent = _classes_without_positives(entry["metrics"])
         if absent:
             entry["warning"] = "; ".join(filter(None, [entry.get("warning"), (
@@ -251,10 +253,10 @@ def encode_set(model: EvalModel, es: EvalSet, tasks: Sequence[str], classes: Cla
         log.info("encoding %s (image folder %s: %d files, %d classes)", name, folder.root, len(folder), len(folder.folders))
         return encode_image_folder(model, folder, batch_size=batch_size, device=device, workers=workers,
                                    desc=f"encode {name}")
-    if es.layout == "karpathy":
-        log.info("encoding %s (%s split %s: %d images)", name, es.karpathy.source, es.split, len(es.karpathy))
-        return encode_karpathy(model, es.karpathy, batch_size=batch_size, device=device, workers=workers,
-                               desc=f"encode {name}")
+    if es.captioned is not None:
+        log.info("encoding %s (%s: %d images)", name, es.captioned.what, len(es.captioned))
+        return encode_captioned(model, es.captioned, batch_size=batch_size, device=device, workers=workers,
+                                desc=f"encode {name}")
     log.info("encoding %s (%s)", name, es.data)
     return encode_shards(model, es.urls, captions="retrieval" in tasks, classes=classes,
                          label_field=_shard_label_field(es, label_field), batch_size=batch_size, device=device,
