@@ -4,7 +4,7 @@
 
 | layout | what the path is | task | relevance (`matching`) |
 |---|---|---|---|
-| clip_benchmark | a CLIP_benchmark webdataset folder (magclip.data.clip_benchmark) | its dataset_type.txt | image |
+| clip_benchmark | a CLIP_benchmark webdataset folder, or one of its split folders (magclip.data.clip_benchmark) | its dataset_type.txt | image |
 | karpathy | a Karpathy split file, dataset_coco.json ... (magclip.data.karpathy) | retrieval | image |
 | coco_captions | COCO's caption file, captions_val2014.json (magclip.data.coco_captions) | retrieval | image |
 | image_folder | class sub-folders of images (torchvision's ImageFolder) | classification | - |
@@ -21,6 +21,7 @@ their duplicate captions need. Either can be asked for (`matching`), and every r
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +29,14 @@ from pathlib import Path
 from magclip.config import MATCHINGS
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet, load_classes, resolve_templates
-from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder
+from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder, split_folder
 from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
 from magclip.data.captioned_images import CaptionedImages, is_json_file, read_json
 from magclip.data.coco_captions import LAYOUT_HELP as COCO_LAYOUT, CocoCaptionsSet, is_coco_captions_data
 from magclip.data.karpathy import KarpathySet, is_karpathy_data
 from magclip.data.urls import check_sources_exist
+
+log = logging.getLogger("magclip.data")
 
 TASKS = ("retrieval", "classification")  # the zero-shot tasks (magclip.evaluation.ZEROSHOT_TASKS)
 LAYOUT_NAMES = {"clip_benchmark": "a CLIP_benchmark folder", "karpathy": "a Karpathy split file",
@@ -62,6 +65,7 @@ class EvalSet:
     classes: str | None = None      # the layout's class list (clip_benchmark: classnames.txt)
     templates: str | None = None    # the layout's template file (clip_benchmark: zeroshot_classification_templates.txt)
     multilabel: bool = False        # labels are KEY.npy vectors over the classes (a CLIP_benchmark multilabel folder)
+    benchmark_root: str | None = None  # a CLIP_benchmark split folder given as `data`: the folder it is a split of
 
     def refuse_task(self, task: str, where: str, hint: str | None = None) -> ValueError:
         """The error for a task this set's layout cannot do; `hint`: what to do instead (default: --task)."""
@@ -76,6 +80,8 @@ class EvalSet:
             out["split"] = self.split
         if self.layout in ("shards", "clip_benchmark"):
             out["caption_key"] = self.caption_key
+        if self.benchmark_root is not None:
+            out["benchmark_root"] = self.benchmark_root
         if self.captioned is not None:
             out.update(self.captioned.describe())
         if self.multilabel:
@@ -95,13 +101,18 @@ def resolve_eval_set(name: str, path: str, *, split: str | None = None, matching
     if caption_key is not None:
         CaptionKey(caption_key)
     local = Path(path).expanduser()
+    in_split = split_folder(local, split, where) if "::" not in path and "{" not in path else None
+    if in_split is not None:  # ROOT/test given: the benchmark it is a split of, scored as ROOT is
+        local, split = in_split
+        log.info("%s: %s is the split %r of the CLIP_benchmark folder %s: read as that folder's split", where, path,
+                 split, local)
     if "::" not in path and "{" not in path and is_clip_benchmark_folder(local):
         folder = open_clip_benchmark_folder(local, split)
         return EvalSet(name, "clip_benchmark", path, folder.task, matching or "image", TXT,  # its captions: KEY.txt
                        folder.split, urls=folder.urls,
                        classes=str(folder.classnames) if folder.classnames is not None else None,
                        templates=str(folder.templates) if folder.templates is not None else None,
-                       multilabel=folder.multilabel)
+                       multilabel=folder.multilabel, benchmark_root=str(local) if in_split is not None else None)
     if is_json_file(local):
         layout, captioned = open_caption_file(local, images, split, where)
         return EvalSet(name, layout, path, "retrieval", matching or "image", TXT, captioned.split, captioned=captioned)
