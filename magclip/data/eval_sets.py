@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from magclip.config import MATCHINGS
+from magclip.data.captioned_images import CaptionedImages, is_json_file, read_json
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet, load_classes, resolve_templates
 from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder, split_folder
+from magclip.data.coco_captions import LAYOUT_HELP as COCO_LAYOUT
+from magclip.data.coco_captions import CocoCaptionsSet, is_coco_captions_data
 from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
-from magclip.data.captioned_images import CaptionedImages, is_json_file, read_json
-from magclip.data.coco_captions import LAYOUT_HELP as COCO_LAYOUT, CocoCaptionsSet, is_coco_captions_data
 from magclip.data.karpathy import KarpathySet, is_karpathy_data
 from magclip.data.urls import check_sources_exist
 

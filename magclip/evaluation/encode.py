@@ -27,10 +27,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from magclip.data import dotted_keys
+from magclip.data.captioned_images import CaptionedImages
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet
 from magclip.data.image_folder import ImageFolderSet
-from magclip.data.captioned_images import CaptionedImages
 from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, check_sample, iter_tar_samples
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation.checkpoint import EvalModel
@@ -172,8 +173,14 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     def samples():
         for url, key, members in iter_tar_samples(flat, skipped):
             where = f"shard {url} key {key}"
+            folded = dotted_keys.folded_samples(members, IMAGE_EXTS)
+            if folded:
+                skipped[dotted_keys.REASON] += len(folded)
+                log.warning("skipped %s: %s: %d samples (%s.%s ...) read as one: %s", dotted_keys.REASON, where,
+                            len(folded), key, folded[0], dotted_keys.CAUSE)
             if not any(e in members for e in IMAGE_EXTS):
-                skipped["missing_image"] += 1
+                if not folded:  # a folded group's samples are counted above
+                    skipped["missing_image"] += 1
                 continue
             counts = per_shard.setdefault(url, [0, 0])
             counts[0] += 1

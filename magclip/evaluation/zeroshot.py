@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 import magclip
+from magclip.data import dotted_keys
 from magclip.data.classes import ClassSet, fill_template
 from magclip.data.eval_sets import EvalSet, resolve_eval_set
 from magclip.data.image_folder import ImageFolderSet
@@ -58,8 +59,8 @@ from magclip.evaluation.classify import class_prototypes, class_text_features, c
 from magclip.evaluation.clip import caption_items, retrieval_from_features
 from magclip.evaluation.encode import (
     EncodedSet,
-    encode_image_folder,
     encode_captioned,
+    encode_image_folder,
     encode_shards,
     encode_texts,
 )
@@ -174,6 +175,8 @@ def evaluate_zeroshot(
         if enc.skipped:
             what = "images" if es.layout in ("image_folder", "karpathy", "coco_captions") else "samples/shards"
             entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
+            if enc.skipped.get(dotted_keys.REASON):
+                entry["warning"] += f"; {dotted_keys.REASON}: {dotted_keys.CAUSE}"
         if es.captioned is not None and es.captioned.merged_duplicates:
             entry["warning"] = "; ".join(filter(None, [entry.get("warning"), es.captioned.duplicates_note()]))
         absent = _classes_without_positives(entry["metrics"])
