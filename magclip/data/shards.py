@@ -59,11 +59,11 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 from magclip import distributed
 from magclip.data import dotted_keys
 from magclip.data.captions import DEFAULT_CAPTION_KEY, TXT, CaptionKey, choose_caption
+from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SKIP_REASONS = (
     "unreadable_shard",  # the shard could not be opened (per shard)
     "corrupt_tar",  # garbage or truncated tar; samples before the damage are kept (per shard)

@@ -97,7 +97,7 @@ def test_coco_caption_file_equals_clip_benchmark_mscoco_captions(weights, tmp_pa
 
 def test_coco_caption_file_counts_a_missing_image_as_karpathy_does(tmp_path):
     ann, _ = coco_file(tmp_path, n=4)
-    gone = sorted((tmp_path / "val2014").iterdir())[0]
+    gone = min((tmp_path / "val2014").iterdir())
     gone.unlink()
     cset = resolve_eval_set("coco", str(ann), images=str(tmp_path / "val2014")).captioned
     assert isinstance(cset, CocoCaptionsSet) and len(cset) == 3 and cset.skipped == {"missing_image": 1}
