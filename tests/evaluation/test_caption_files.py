@@ -8,6 +8,7 @@ A random-init tiny-resnet and 16x16 PNGs keep this fast; parity needs no trained
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import random
 import subprocess
@@ -139,22 +140,41 @@ def test_the_command_refuses_a_coco_file_with_a_stray_annotation_in_one_line(tmp
     assert "names image_id 12345, which is not among its images" in proc.stderr.strip().splitlines()[-1]
 
 
-def test_an_image_a_karpathy_file_lists_twice_is_scored_once_and_said(weights, tmp_path):
+def test_an_image_a_karpathy_file_lists_twice_is_scored_once_as_clip_benchmark_does(weights, tmp_path):
     """CLIP_benchmark groups captions by image (its Flickr reader by file name, CocoCaptions by id): the two
-    entries of one image are one image with the sentences of both, and the run says so."""
-    for i in range(3):
-        (tmp_path / f"{i}.png").write_bytes(png(40 + i, 16))
-    entries = [{"filename": f"{i}.png", "split": "test", "sentences": [{"raw": f"photo {i}"}, {"raw": f"{WORDS[i]} dog"}]}
-               for i in range(3)]
-    entries.append({"filename": "1.png", "split": "test", "sentences": [{"raw": "the same image again"}]})
+    entries of one image are one image with the sentences of both, scored equal to CLIP_benchmark's Flickr
+    reader over the same images and captions, and the run says so."""
+    from clip_benchmark.datasets.flickr import Flickr
+    from PIL import Image
+
+    rng = random.Random(5)
+    entries, lines = [], ["image,caption"]
+    for i in range(6):
+        Image.open(io.BytesIO(png(40 + i, 16))).save(tmp_path / f"{i}.jpg", quality=95)
+        sentences = [" ".join(rng.choice(WORDS) for _ in range(3)) for _ in range(2)]
+        entries.append({"filename": f"{i}.jpg", "split": "test", "sentences": [{"raw": c} for c in sentences]})
+    entries.insert(4, {"filename": "1.jpg", "split": "test", "sentences": [{"raw": "the same image again"}]})
+    lines += [f"{e['filename']},{s['raw']}" for e in entries for s in e["sentences"]]
     path = tmp_path / "dataset_flickr30k.json"
     path.write_text(json.dumps({"images": entries}))
+    (tmp_path / "flickr30k_test_karpathy.txt").write_text("\n".join(lines) + "\n")
     kset = KarpathySet.open(path)
-    assert [i.key for i in kset.items] == ["0.png", "1.png", "2.png"] and kset.merged_duplicates == 1
-    assert kset.items[1].captions == ["photo 1", "blue dog", "the same image again"]
-    res = run_magclip(["--model", "tiny-resnet", "--pretrained", str(weights), "--data", f"flickr={path}"],
-                      tmp_path / "r.json")
+    assert [i.key for i in kset.items] == [f"{i}.jpg" for i in range(6)] and kset.merged_duplicates == 1
+    assert kset.items[1].captions == [s["raw"] for s in entries[1]["sentences"]] + ["the same image again"]
+
+    bundle = create_clip("tiny-resnet", str(weights))
+    theirs_set = Flickr(str(tmp_path), str(tmp_path / "flickr30k_test_karpathy.txt"), transform=bundle.preprocess_val)
+    loader = torch.utils.data.DataLoader(theirs_set, batch_size=4, collate_fn=cb_builder.get_dataset_collate_fn(
+        "flickr30k"))
+    theirs = zeroshot_retrieval.evaluate(bundle.model.clip.eval(), loader, bundle.tokenizer, "cpu", amp=False,
+                                         recall_k_list=[1, 5])
+    res = run_magclip(["--model", "tiny-resnet", "--pretrained", str(weights), "--mode", "cosine",
+                       "--data", f"flickr={path}"], tmp_path / "r.json")
     entry = res["sets"]["flickr"]
-    assert (entry["metrics"]["retrieval"]["num_samples"], entry["metrics"]["retrieval"]["num_captions"]) == (3, 7)
+    mine = entry["metrics"]["retrieval"]
+    assert (mine["num_samples"], mine["num_captions"]) == (len(theirs_set), 13) == (6, 13)
+    for k in (1, 5):
+        assert mine[f"text_to_image_R@{k}"] == pytest.approx(theirs[f"image_retrieval_recall@{k}"], abs=1e-6)
+        assert mine[f"image_to_text_R@{k}"] == pytest.approx(theirs[f"text_retrieval_recall@{k}"], abs=1e-6)
     assert entry["merged_duplicate_images"] == 1
     assert "1 listings of an image already listed: each image is scored once" in entry["warning"]
