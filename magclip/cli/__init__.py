@@ -36,6 +36,7 @@ def check_inputs(cfg: Any) -> None:
     anything. Not part of `validate`: a config that names data of another machine still loads."""
     from magclip.config import RunConfig
     from magclip.data.eval_sets import TRAINING_HINT, resolve_retrieval_set
+    from magclip.data.shard_start import check_shard_captions
     from magclip.data.urls import check_pipes_start, check_sources_exist
     from magclip.io import looks_like_path
 
@@ -51,6 +52,8 @@ def check_inputs(cfg: Any) -> None:
                                            caption_key=cfg.data.caption_key, where=key)
                 if es.urls is not None:
                     check_pipes_start(es.urls, key)
+                if es.layout == "shards":  # read with data.caption_key: found wrong here, not after training
+                    check_shard_captions(es.urls, es.caption_key, key)
         pretrained = cfg.model.pretrained
         if pretrained and looks_like_path(pretrained) and not Path(pretrained).expanduser().exists():
             raise FileNotFoundError(f"model.pretrained: not found: {pretrained}")

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--splits", nargs="+", help="with --emoji: only these splits")
     data.add_argument("--task", choices=(*TASKS, "both"),
                       help="default: the set's own (a CLIP_benchmark folder's dataset_type.txt, classification for "
-                           "an image folder, retrieval for a Karpathy file); shards: both with a class list (or "
+                           "an image folder, retrieval for a Karpathy or COCO caption file); shards: both with a class list (or "
                            "--emoji), else retrieval")
     data.add_argument("--split", help="split of a CLIP_benchmark folder (ROOT/<split>/, default test, as CLIP_benchmark) "
                                       "or of a Karpathy file (default test)")
@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "captions count as one; the default for shards)")
     data.add_argument("--caption-key", help="where shard captions are: txt (KEY.txt, one caption a line; default) or "
                                             "json:FIELD (a KEY.json field holding a caption or a list of captions)")
-    data.add_argument("--images", metavar="DIR", help="with a Karpathy split file: the images folder (default: the "
-                                                      "file's folder; COCO: DIR/<filepath>/<filename>)")
+    data.add_argument("--images", metavar="DIR", help="with a Karpathy split file or a COCO caption file: the images "
+                                                      "folder (default: the file's folder; Karpathy's COCO: "
+                                                      "DIR/<filepath>/<filename>; captions_val2014.json: DIR/<file_name>, "
+                                                      "DIR the val2014 folder)")
     data.add_argument("--workers", type=int, default=0, help="DataLoader processes reading image folders (%(default)s)")
     cls = p.add_argument_group("classification")
     cls.add_argument("--classes", help="class list: .txt (one name a line), .json (a list, CLIP_benchmark's "

@@ -8,6 +8,9 @@
         <split>/0.tar ... <split>/{n-1}.tar       KEY.{webp,png,jpg,jpeg} + KEY.txt (every caption, one a line)
                                                   or KEY.cls (the class index), or KEY.npy (multilabel)
 
+A split folder given itself (`ROOT/test`, where nshards.txt is) is read as the split of ROOT it is
+(`split_folder`), the same set scored the same way; a --split that names another split is refused.
+
 This is what `clip_benchmark.webdataset_builder.convert_retrieval_dataset` / `convert_dataset` write and
 what its `wds_mscoco_captions`, `wds_flickr30k`, `wds_flickr8k`, `wds_imagenet1k`, `wds_vtab-*` ... sets
 are. A retrieval folder is scored by image (CLIP_benchmark's `texts_image_index`: a caption is relevant to
@@ -68,6 +71,20 @@ def is_clip_benchmark_folder(path: str | Path) -> bool:
         return False
     return (path / DATASET_TYPE_FILE).is_file() or any(p.is_dir() and (p / NSHARDS_FILE).is_file()
                                                         for p in path.iterdir())
+
+
+def split_folder(path: str | Path, split: str | None, where: str) -> tuple[Path, str] | None:
+    """(ROOT, split) where `path` is a split folder of a CLIP_benchmark folder (it holds nshards.txt), else None:
+    read as the plain shards in it, the set would be scored by caption identity and without its dataset_type.
+    A `split` other than the folder's own is a ValueError naming both."""
+    path = Path(path).expanduser()
+    if not (path.is_dir() and (path / NSHARDS_FILE).is_file()):
+        return None
+    if split is not None and split != path.name:
+        raise ValueError(f"{where}: {path} is the split {path.name!r} of the CLIP_benchmark folder {path.parent} "
+                         f"(it holds {NSHARDS_FILE}), not split {split!r}: give the folder {path.parent} with "
+                         f"split {split!r}")
+    return path.parent, path.name
 
 
 def splits(root: Path) -> list[str]:

@@ -4,10 +4,15 @@
 
 | layout | what the path is | task | relevance (`matching`) |
 |---|---|---|---|
-| clip_benchmark | a CLIP_benchmark webdataset folder (magclip.data.clip_benchmark) | its dataset_type.txt | image |
+| clip_benchmark | a CLIP_benchmark webdataset folder, or one of its split folders (magclip.data.clip_benchmark) | its dataset_type.txt | image |
 | karpathy | a Karpathy split file, dataset_coco.json ... (magclip.data.karpathy) | retrieval | image |
+| coco_captions | COCO's caption file, captions_val2014.json (magclip.data.coco_captions) | retrieval | image |
 | image_folder | class sub-folders of images (torchvision's ImageFolder) | classification | - |
 | shards | webdataset shards: a pattern, '::'-joined sources, a folder of .tar; `synthetic:val` the embedded scenes | retrieval, or classification with a class list | caption |
+
+A .json file is told apart by its keys: `images` entries with `sentences` (Karpathy), else `images` and
+`annotations` lists (COCO); anything else is refused naming both. Both are read over an images folder
+(`images`, default the file's folder) into the same list of images with their captions.
 
 The relevance rule follows the layout: the benchmarks' own sets are scored as their papers and
 CLIP_benchmark score them (by image); magclip's and img2dataset's shards by caption identity, which
@@ -16,23 +21,30 @@ their duplicate captions need. Either can be asked for (`matching`), and every r
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from magclip.config import MATCHINGS
+from magclip.data.captioned_images import CaptionedImages, is_json_file, read_json
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet, load_classes, resolve_templates
-from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder
+from magclip.data.clip_benchmark import is_clip_benchmark_folder, open_clip_benchmark_folder, split_folder
+from magclip.data.coco_captions import LAYOUT_HELP as COCO_LAYOUT
+from magclip.data.coco_captions import CocoCaptionsSet, is_coco_captions_data
 from magclip.data.image_folder import ImageFolderSet, resolve_image_folder
-from magclip.data.karpathy import KarpathySet, is_karpathy_file
+from magclip.data.karpathy import KarpathySet, is_karpathy_data
 from magclip.data.urls import check_sources_exist
+
+log = logging.getLogger("magclip.data")
 
 TASKS = ("retrieval", "classification")  # the zero-shot tasks (magclip.evaluation.ZEROSHOT_TASKS)
 LAYOUT_NAMES = {"clip_benchmark": "a CLIP_benchmark folder", "karpathy": "a Karpathy split file",
-                "image_folder": "an image folder", "shards": "shards"}
+                "coco_captions": "a COCO caption file", "image_folder": "an image folder", "shards": "shards"}
 SYNTHETIC_PREFIX = "synthetic:"  # synthetic:val / synthetic:train, the embedded scenes (generated on first use)
-LAYOUT_MATCHING = {"clip_benchmark": "image", "karpathy": "image", "shards": "caption", "image_folder": "caption"}
+LAYOUT_MATCHING = {"clip_benchmark": "image", "karpathy": "image", "coco_captions": "image", "shards": "caption",
+                   "image_folder": "caption"}
 TRAINING_HINT = "a training run evaluates retrieval; classify the set with eval/zeroshot.py or eval/suite.py"
 
 
@@ -50,10 +62,11 @@ class EvalSet:
     urls: str | None = None         # shards (clip_benchmark: its split's {0..n-1}.tar)
     folder: Path | None = None      # image_folder
     opened: ImageFolderSet | None = None  # image_folder, indexed and matched to its class list
-    karpathy: KarpathySet | None = None
+    captioned: CaptionedImages | None = None  # karpathy, coco_captions: the images found, with their captions
     classes: str | None = None      # the layout's class list (clip_benchmark: classnames.txt)
     templates: str | None = None    # the layout's template file (clip_benchmark: zeroshot_classification_templates.txt)
     multilabel: bool = False        # labels are KEY.npy vectors over the classes (a CLIP_benchmark multilabel folder)
+    benchmark_root: str | None = None  # a CLIP_benchmark split folder given as `data`: the folder it is a split of
 
     def refuse_task(self, task: str, where: str, hint: str | None = None) -> ValueError:
         """The error for a task this set's layout cannot do; `hint`: what to do instead (default: --task)."""
@@ -68,8 +81,10 @@ class EvalSet:
             out["split"] = self.split
         if self.layout in ("shards", "clip_benchmark"):
             out["caption_key"] = self.caption_key
-        if self.karpathy is not None:
-            out["images"] = str(self.karpathy.images)
+        if self.benchmark_root is not None:
+            out["benchmark_root"] = self.benchmark_root
+        if self.captioned is not None:
+            out.update(self.captioned.describe())
         if self.multilabel:
             out["multilabel"] = True
         return out
@@ -87,26 +102,47 @@ def resolve_eval_set(name: str, path: str, *, split: str | None = None, matching
     if caption_key is not None:
         CaptionKey(caption_key)
     local = Path(path).expanduser()
+    in_split = split_folder(local, split, where) if "::" not in path and "{" not in path else None
+    if in_split is not None:  # ROOT/test given: the benchmark it is a split of, scored as ROOT is
+        local, split = in_split
+        log.info("%s: %s is the split %r of the CLIP_benchmark folder %s: read as that folder's split", where, path,
+                 split, local)
     if "::" not in path and "{" not in path and is_clip_benchmark_folder(local):
         folder = open_clip_benchmark_folder(local, split)
         return EvalSet(name, "clip_benchmark", path, folder.task, matching or "image", TXT,  # its captions: KEY.txt
                        folder.split, urls=folder.urls,
                        classes=str(folder.classnames) if folder.classnames is not None else None,
                        templates=str(folder.templates) if folder.templates is not None else None,
-                       multilabel=folder.multilabel)
-    if is_karpathy_file(local):
-        karpathy = KarpathySet.open(local, images, split)
-        return EvalSet(name, "karpathy", path, "retrieval", matching or "image", TXT, karpathy.split, karpathy=karpathy)
+                       multilabel=folder.multilabel, benchmark_root=str(local) if in_split is not None else None)
+    if is_json_file(local):
+        layout, captioned = open_caption_file(local, images, split, where)
+        return EvalSet(name, layout, path, "retrieval", matching or "image", TXT, captioned.split, captioned=captioned)
     if split is not None:
         raise ValueError(f"{where}: split {split!r} goes with a CLIP_benchmark folder or a Karpathy split file; "
                          f"{path} is neither")
     if images is not None:
-        raise ValueError(f"{where}: images: goes with a Karpathy split file (dataset_coco.json ...), not {path}")
+        raise ValueError(f"{where}: images: goes with a Karpathy split file (dataset_coco.json ...) or a COCO caption "
+                         f"file (captions_val2014.json), not {path}")
     folder_root = resolve_image_folder(path, where)
     if folder_root is not None:
         return EvalSet(name, "image_folder", path, "classification", matching or "caption", folder=folder_root)
     check_sources_exist(path, where)
     return EvalSet(name, "shards", given, None, matching or "caption", caption_key or TXT, urls=path)
+
+
+def open_caption_file(source: Path, images: str | None, split: str | None,
+                      where: str) -> tuple[str, CaptionedImages]:
+    """(layout, the images with their captions) of a .json caption file, its layout told from its keys."""
+    data = read_json(source)
+    if is_karpathy_data(data):
+        return "karpathy", KarpathySet.from_data(source, data, images, split)
+    if is_coco_captions_data(data):
+        if split is not None:
+            raise ValueError(f"{where}: split {split!r}: {source} is a COCO caption file, which holds one split "
+                             "(captions_val2014.json is the val split); leave split out")
+        return "coco_captions", CocoCaptionsSet.from_data(source, data, images)
+    raise ValueError(f"{source}: neither a Karpathy split file ({{\"images\": [{{\"filename\", \"split\", "
+                     f"\"sentences\"}}, ...]}}, as dataset_coco.json) nor a COCO caption file ({COCO_LAYOUT})")
 
 
 def resolve_retrieval_set(name: str, path: str, *, hint: str, matching: str | None = None,
@@ -122,7 +158,7 @@ def resolve_retrieval_set(name: str, path: str, *, hint: str, matching: str | No
 
 def eval_set_tasks(es: EvalSet, task: str | None, has_classes: bool, where: str) -> tuple[str, ...]:
     """`task` (retrieval, classification or both), else the set's own (a CLIP_benchmark folder's dataset_type,
-    an image folder's classification, a Karpathy file's retrieval), else retrieval for shards, and
+    an image folder's classification, a Karpathy or COCO caption file's retrieval), else retrieval for shards, and
     classification too with a class list. A task the layout cannot do is an error naming the set."""
     if task is not None:
         if task not in (*TASKS, "both"):

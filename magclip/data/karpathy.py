@@ -15,52 +15,38 @@ Bad input is named or counted: a file that is not this layout, or a split that i
 that are are listed with their sizes), is a ValueError naming the file; an image without a non-empty
 sentence is left out and counted (`empty_caption`), as is one whose file is not there (`missing_image`,
 the first few named in the log); a set where no image is found is an error naming the folder searched.
+An image the split lists twice is scored once with the sentences of both entries, counted and said
+(magclip.data.captioned_images: CLIP_benchmark groups captions by image).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("magclip.data")
+from magclip.data.captioned_images import CaptionedImages, clean_captions, is_json_file, read_json
 
 DEFAULT_SPLIT = "test"
-LOG_FIRST = 5
 
 
-@dataclass
-class KarpathyItem:
-    path: Path            # the image file
-    key: str              # filepath/filename, as the JSON names it
-    captions: list[str]
-
-
-@dataclass
-class KarpathySet:
-    """One split of a Karpathy JSON, its images found: what `iter_batches` encodes."""
-
-    source: Path
-    images: Path
-    split: str
-    items: list[KarpathyItem]
-    skipped: Counter = field(default_factory=Counter)  # images left out at opening, by reason
-    blank_captions: int = 0                           # empty sentences left out of kept images
-
-    def __len__(self) -> int:
-        return len(self.items)
+class KarpathySet(CaptionedImages):
+    """One split of a Karpathy JSON, its images found."""
 
     @classmethod
     def open(cls, source: str | Path, images: str | Path | None = None, split: str | None = None) -> KarpathySet:
         source = Path(source).expanduser()
+        return cls.from_data(source, read_json(source), images, split)
+
+    @classmethod
+    def from_data(cls, source: Path, data: Any, images: str | Path | None = None,
+                  split: str | None = None) -> KarpathySet:
+        """The split of `data` (the file's parsed JSON)."""
         root = Path(images).expanduser() if images else source.parent
         split = split or DEFAULT_SPLIT
-        entries = _read_entries(source)
-        sizes = Counter(str(e.get("split")) for e in entries)
+        entries = _entries(source, data)
+        sizes: dict[str, int] = {}
+        for e in entries:
+            sizes[str(e.get("split"))] = sizes.get(str(e.get("split")), 0) + 1
         chosen = [e for e in entries if str(e.get("split")) == split]
         if not chosen:
             listed = ", ".join(f"{name} ({n})" for name, n in sorted(sizes.items()))
@@ -68,77 +54,32 @@ class KarpathySet:
                              "--split / split:)")
         out = cls(source, root, split, [])
         for i, entry in enumerate(chosen):
-            item = out._item(entry, i)
-            if item is not None:
-                out.items.append(item)
-        if not out.items:
-            raise FileNotFoundError(f"{source}: none of the {len(chosen)} images of split {split!r} was found under "
-                                    f"{root} (skipped: {dict(out.skipped)}); pass the images folder with --images / images:")
-        if out.skipped:
-            log.warning("%s split %s: %d of %d images left out: %s", source, split, sum(out.skipped.values()),
-                        len(chosen), dict(out.skipped))
+            name = entry.get("filename")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{source}: image {i} of split {split!r} has no filename")
+            key = "/".join(p for p in (entry.get("filepath"), name) if isinstance(p, str) and p)
+            sentences = entry.get("sentences") or []
+            captions, blank = clean_captions([s.get("raw") if isinstance(s, dict) else s for s in sentences])
+            out.blank_captions += blank
+            out.add(key, captions, [root / key, root / name])
+        out.finish()
         return out
-
-    def _item(self, entry: dict[str, Any], index: int) -> KarpathyItem | None:
-        name = entry.get("filename")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.source}: image {index} of split {self.split!r} has no filename")
-        key = "/".join(p for p in (entry.get("filepath"), name) if isinstance(p, str) and p)
-        captions, blank = _captions(entry.get("sentences"))
-        self.blank_captions += blank
-        if not captions:
-            return self._skip("empty_caption", key)
-        for path in dict.fromkeys((self.images / key, self.images / name)):
-            if path.is_file():
-                return KarpathyItem(path, key, captions)
-        return self._skip("missing_image", key)
-
-    def _skip(self, reason: str, key: str) -> None:
-        self.skipped[reason] += 1
-        if self.skipped[reason] <= LOG_FIRST:
-            log.warning("skipped %s: %s image %s (under %s)", reason, self.source.name, key, self.images)
-
-    def iter_batches(self, preprocess: Callable, tokenizer: Callable, batch_size: int, skipped: Counter, *,
-                     workers: int = 0, max_image_pixels: int | None = None) -> Iterator[dict[str, Any]]:
-        """Batches in the shard loader's evaluation form ({"images", "texts", "keys", "captions",
-        "caption_counts", "metas"}), in file order; undecodable images are counted in `skipped`."""
-        import torch
-
-        from magclip.data.image_folder import read_image_batches
-
-        skipped.update(self.skipped)
-        if self.blank_captions:
-            skipped["empty_caption_line"] += self.blank_captions
-        for good in read_image_batches([item.path for item in self.items], preprocess, batch_size, skipped,
-                                       workers=workers, max_image_pixels=max_image_pixels):
-            items = [self.items[i] for i, _ in good]
-            captions = [c for item in items for c in item.captions]
-            yield {"images": torch.stack([image for _, image in good]), "texts": tokenizer(captions),
-                   "keys": [item.key for item in items], "captions": captions,
-                   "caption_counts": [len(item.captions) for item in items], "metas": [None] * len(items)}
 
 
 def is_karpathy_file(path: str | Path) -> bool:
     """A .json file (the layout itself is checked when it is opened)."""
-    path = Path(path).expanduser()
-    return path.is_file() and path.suffix.lower() == ".json"
+    return is_json_file(path)
 
 
-def _read_entries(source: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(source.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exn:
-        raise ValueError(f"{source}: not valid JSON ({exn})") from None
+def is_karpathy_data(data: Any) -> bool:
+    """A parsed JSON of this layout: {"images": [{..., "sentences": ...}, ...]}."""
     images = data.get("images") if isinstance(data, dict) else None
-    if not isinstance(images, list) or not all(isinstance(e, dict) for e in images) or \
-            not any("sentences" in e for e in images):
+    return isinstance(images, list) and all(isinstance(e, dict) for e in images) and \
+        any("sentences" in e for e in images)
+
+
+def _entries(source: Path, data: Any) -> list[dict[str, Any]]:
+    if not is_karpathy_data(data):
         raise ValueError(f"{source}: not a Karpathy split file (expected {{\"images\": [{{\"filename\", \"split\", "
                          "\"sentences\": [{\"raw\": ...}]}, ...]}, as dataset_coco.json / dataset_flickr30k.json)")
-    return images
-
-
-def _captions(sentences: Any) -> tuple[list[str], int]:
-    """(the non-empty `raw` sentences, stripped; how many were empty)."""
-    raw = [s.get("raw") if isinstance(s, dict) else s for s in sentences or []]
-    captions = [r.strip() for r in raw if isinstance(r, str) and r.strip()]
-    return captions, len(raw) - len(captions)
+    return data["images"]

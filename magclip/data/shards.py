@@ -57,18 +57,20 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 
 from magclip import distributed
+from magclip.data import dotted_keys
 from magclip.data.captions import DEFAULT_CAPTION_KEY, TXT, CaptionKey, choose_caption
+from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 SKIP_REASONS = (
     "unreadable_shard",  # the shard could not be opened (per shard)
     "corrupt_tar",  # garbage or truncated tar; samples before the damage are kept (per shard)
     "pipe_failed",  # a pipe: shard's command exited with an error; samples it sent are kept (per shard)
     "bad_member",  # a member webdataset could not group, e.g. a duplicate name in one sample
     "missing_image",
+    dotted_keys.REASON,  # a whole sample folded into another: its key holds a dot (one count per sample lost)
     "missing_caption",
     "bad_caption_encoding",  # caption is not UTF-8
     "empty_caption",  # empty or whitespace only
@@ -113,16 +115,24 @@ def tar_members(fileobj: Any) -> Iterator[tuple[str, Callable[[], bytes]]]:
 
 
 def _count_tar(path: Path) -> int:
-    """Number of distinct sample keys in one tar, read as far as it is readable."""
-    keys: set[str] = set()
+    """Number of distinct sample keys in one tar, read as far as it is readable; samples whose keys hold a
+    dot, which webdataset folds into another sample, are counted and named in a warning (magclip.data.dotted_keys)."""
+    keys: dict[str, list[str]] = {}  # key -> its fields that hold a dot
     try:
         with open(path, "rb") as f:
             for name, _ in tar_members(f):
-                key, _ = base_plus_ext(name)
+                key, field = base_plus_ext(name)
                 if key is not None:
-                    keys.add(key)
+                    dotted = keys.setdefault(key, [])
+                    if field is not None and "." in field:
+                        dotted.append(field)
     except Exception as exn:
         log.warning("counting %s: tar damaged after %d samples (%s)", path, len(keys), exn)
+    folded = {key: n for key, fields in keys.items() if (n := len(dotted_keys.folded_samples(fields, IMAGE_EXTS)))}
+    if folded:
+        example = next(iter(folded))
+        log.warning("%s: %d samples are lost to %d (e.g. %d under the key %r): %s", path, sum(folded.values()),
+                    len(folded), folded[example], example, dotted_keys.CAUSE)
     return len(keys)
 
 
@@ -394,6 +404,12 @@ def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels:
     """Checked, decoded, preprocessed samples. `one_caption` (training) picks the sample's caption of the
     step; without it (evaluation) every caption stays."""
     for sample in samples:
+        folded = dotted_keys.folded_samples(sample, IMAGE_EXTS)
+        for stem in folded:
+            skips.skip(dotted_keys.REASON, sample.get("__url__"), sample.get("__key__"),
+                       f"sample {sample.get('__key__')}.{stem}: {dotted_keys.CAUSE}")
+        if folded and not any(e in sample for e in IMAGE_EXTS):
+            continue  # every sample of the group is counted lost above, not as one without an image
         good, reason, detail = check_sample(sample, max_pixels, caption_key=caption_key)
         if good is None:
             skips.skip(reason, sample.get("__url__"), sample.get("__key__"), detail)

@@ -1,5 +1,5 @@
 """Raw features of an evaluation set, whatever its layout (magclip.data.eval_sets): shards (img2dataset's,
-magclip's, a CLIP_benchmark folder's split), a Karpathy split file over its images, an image folder.
+magclip's, a CLIP_benchmark folder's split), a Karpathy split file or a COCO caption file over its images, an image folder.
 
 Every caption of an image is encoded (KEY.txt one a line, a KEY.json field, Karpathy's sentences), in
 order: `EncodedSet.captions` and `.text_features` hold one row per caption, `.caption_counts` how many
@@ -27,10 +27,11 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from magclip.data import dotted_keys
+from magclip.data.captioned_images import CaptionedImages
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet
 from magclip.data.image_folder import ImageFolderSet
-from magclip.data.karpathy import KarpathySet
 from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, check_sample, iter_tar_samples
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation.checkpoint import EvalModel
@@ -134,17 +135,18 @@ def encode_image_folder(model: EvalModel, folder: ImageFolderSet, *, batch_size:
 
 
 @torch.no_grad()
-def encode_karpathy(model: EvalModel, karpathy: KarpathySet, *, batch_size: int = 256,
-                    device: str | torch.device = "cpu", workers: int = 0, desc: str = "encode images") -> EncodedSet:
-    """Encode a Karpathy split: every image found and every one of its captions."""
+def encode_captioned(model: EvalModel, captioned: CaptionedImages, *, batch_size: int = 256,
+                     device: str | torch.device = "cpu", workers: int = 0, desc: str = "encode images") -> EncodedSet:
+    """Encode a caption file's images (a Karpathy split, a COCO caption file): every image found and every
+    one of its captions."""
     skipped: Counter[str] = Counter()
-    batches = karpathy.iter_batches(model.preprocess, model.tokenizer, batch_size, skipped, workers=workers)
-    enc = encode_loader(model.clip, _progress(batches, desc, skipped, total=len(karpathy)), device, allow_empty=True)
+    batches = captioned.iter_batches(model.preprocess, model.tokenizer, batch_size, skipped, workers=workers)
+    enc = encode_loader(model.clip, _progress(batches, desc, skipped, total=len(captioned)), device, allow_empty=True)
     if enc is None:
-        raise ValueError(f"no readable image in {karpathy.source} split {karpathy.split} under {karpathy.images} "
+        raise ValueError(f"no readable image in {captioned.what} under {captioned.images} "
                          f"(skipped: {dict(skipped) or 'none'})")
     return EncodedSet(enc["keys"], enc["image_features"], enc["text_features"], enc["captions"], None, dict(skipped),
-                      [], len(karpathy), enc["caption_counts"], long_captions(model.tokenizer, enc["captions"]))
+                      [], len(captioned), enc["caption_counts"], long_captions(model.tokenizer, enc["captions"]))
 
 
 @torch.no_grad()
@@ -171,8 +173,14 @@ def encode_shards(model: EvalModel, urls: str | list[str], *, captions: bool = T
     def samples():
         for url, key, members in iter_tar_samples(flat, skipped):
             where = f"shard {url} key {key}"
+            folded = dotted_keys.folded_samples(members, IMAGE_EXTS)
+            if folded:
+                skipped[dotted_keys.REASON] += len(folded)
+                log.warning("skipped %s: %s: %d samples (%s.%s ...) read as one: %s", dotted_keys.REASON, where,
+                            len(folded), key, folded[0], dotted_keys.CAUSE)
             if not any(e in members for e in IMAGE_EXTS):
-                skipped["missing_image"] += 1
+                if not folded:  # a folded group's samples are counted above
+                    skipped["missing_image"] += 1
                 continue
             counts = per_shard.setdefault(url, [0, 0])
             counts[0] += 1

@@ -7,6 +7,7 @@ dataset lists and DataComp's evaluation suite are run.
       mscoco_5k:   {path: wds_mscoco_captions}                # a CLIP_benchmark folder: its dataset_type says the task
       flickr30k:   {path: wds_flickr30k, split: test}
       coco_karpathy: {path: coco/dataset_coco.json, images: coco}   # a Karpathy split file over its images
+      coco_val:    {path: coco/annotations/captions_val2014.json, images: coco/val2014}  # COCO's own caption file
       emoji:       {path: emoji/id_novel-000000.tar, caption_key: "json:captions", matching: caption}
       cifar10:     {path: wds_vtab-cifar10}                   # classification: classnames.txt + templates
       pets:        {path: pets/test, classes: en_classnames.json, templates: [en_zeroshot_classification_templates.json]}

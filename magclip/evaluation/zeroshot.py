@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 import magclip
+from magclip.data import dotted_keys
 from magclip.data.classes import ClassSet, fill_template
 from magclip.data.eval_sets import EvalSet, resolve_eval_set
 from magclip.data.image_folder import ImageFolderSet
@@ -58,8 +59,8 @@ from magclip.evaluation.classify import class_prototypes, class_text_features, c
 from magclip.evaluation.clip import caption_items, retrieval_from_features
 from magclip.evaluation.encode import (
     EncodedSet,
+    encode_captioned,
     encode_image_folder,
-    encode_karpathy,
     encode_shards,
     encode_texts,
 )
@@ -172,8 +173,12 @@ def evaluate_zeroshot(
                                                              for f, i in zip(folder.folders, folder.labels)}
         entry["counts"] = _counts(enc, es, set_classes.get(name))
         if enc.skipped:
-            what = "images" if es.layout in ("image_folder", "karpathy") else "samples/shards"
+            what = "images" if es.layout in ("image_folder", "karpathy", "coco_captions") else "samples/shards"
             entry["warning"] = f"{sum(enc.skipped.values())} {what} skipped: {enc.skipped}"
+            if enc.skipped.get(dotted_keys.REASON):
+                entry["warning"] += f"; {dotted_keys.REASON}: {dotted_keys.CAUSE}"
+        if es.captioned is not None and es.captioned.merged_duplicates:
+            entry["warning"] = "; ".join(filter(None, [entry.get("warning"), es.captioned.duplicates_note()]))
         absent = _classes_without_positives(entry["metrics"])
         if absent:
             entry["warning"] = "; ".join(filter(None, [entry.get("warning"), (
@@ -251,10 +256,10 @@ def encode_set(model: EvalModel, es: EvalSet, tasks: Sequence[str], classes: Cla
         log.info("encoding %s (image folder %s: %d files, %d classes)", name, folder.root, len(folder), len(folder.folders))
         return encode_image_folder(model, folder, batch_size=batch_size, device=device, workers=workers,
                                    desc=f"encode {name}")
-    if es.layout == "karpathy":
-        log.info("encoding %s (%s split %s: %d images)", name, es.karpathy.source, es.split, len(es.karpathy))
-        return encode_karpathy(model, es.karpathy, batch_size=batch_size, device=device, workers=workers,
-                               desc=f"encode {name}")
+    if es.captioned is not None:
+        log.info("encoding %s (%s: %d images)", name, es.captioned.what, len(es.captioned))
+        return encode_captioned(model, es.captioned, batch_size=batch_size, device=device, workers=workers,
+                                desc=f"encode {name}")
     log.info("encoding %s (%s)", name, es.data)
     return encode_shards(model, es.urls, captions="retrieval" in tasks, classes=classes,
                          label_field=_shard_label_field(es, label_field), batch_size=batch_size, device=device,

@@ -189,8 +189,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         es = resolve_retrieval_set(name, path, hint=TRAINING_HINT, matching=cfg.eval.matching,
                                    caption_key=cfg.data.caption_key,
                                    where=f"data.{name}" if name == "val" else f"data.eval_sets.{name}")
-        if es.karpathy is not None:
-            return es, _Reiterable(lambda: es.karpathy.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
+        if es.captioned is not None:
+            return es, _Reiterable(lambda: es.captioned.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
                                                                     Counter(), workers=cfg.data.workers))
         return es, build_clip_loader(es.urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
                                      batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,

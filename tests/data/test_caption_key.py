@@ -143,3 +143,19 @@ def test_training_refuses_a_classification_set_among_its_eval_sets_before_it_sta
     assert (f"data.eval_sets.voc: {cls} is a CLIP_benchmark folder (no captions): retrieval needs captions; it is "
             "scored for classification only: a training run evaluates retrieval") in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "runs").exists()
+
+
+def test_training_refuses_an_eval_set_without_captions_under_its_key_before_it_starts(tmp_path):
+    """Every set of shards is read with data.caption_key: an evaluation set whose captions are elsewhere would
+    lose every sample, found only when it is evaluated after training; the first shard is looked at first."""
+    urls = _shards(tmp_path / "json", txt=False)
+    txt_only = _shards(tmp_path / "txt", txt=True, json_field=None)
+    proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), f"data.train={urls}", f"data.val={urls}",
+                           "data.caption_key=json:caption", f"data.eval_sets={{plain: '{txt_only}'}}",
+                           "train.batch_size=4", "train.max_steps=2", f"output_dir={tmp_path / 'runs'}"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert (f"data.eval_sets.plain: shard {tmp_path / 'txt' / 's-000000.tar'} has no captions where "
+            "data.caption_key='json:caption' looks (a KEY.json field 'caption') in any of its 4 images") in last
+    assert "train:" not in proc.stderr and not (tmp_path / "runs").exists()

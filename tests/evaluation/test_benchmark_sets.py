@@ -341,6 +341,28 @@ def test_the_command_refuses_a_broken_folder_in_one_line(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_split_folder_is_read_as_the_benchmark_it_is_a_split_of(weights, tmp_path):
+    """ROOT/test (where nshards.txt is) given itself: the same set scored the same way as ROOT (by image, its
+    dataset_type), not plain shards scored by caption identity, where two images sharing a caption both count
+    as hits; a --split naming another split is refused."""
+    rng = random.Random(3)
+    rows = [(png(300 + i), [f"a photo {i % 3}", caption(rng, 2)]) for i in range(16)]  # images share captions
+    root = tmp_path / "cb"
+    convert_retrieval_dataset(rows, "test", str(root), image_format="png", max_count=10, verbose=False)
+    args = ["--model", "tiny-resnet", "--pretrained", str(weights), "--mode", "cosine"]
+    whole = run_magclip([*args, "--data", f"set={root}"], tmp_path / "root.json")["sets"]["set"]
+    split = run_magclip([*args, "--data", f"set={root / 'test'}"], tmp_path / "split.json")["sets"]["set"]
+    assert (split["layout"], split["matching"], split["split"]) == ("clip_benchmark", "image", "test")
+    assert split["benchmark_root"] == str(root) and split["data"] == str(root / "test")
+    assert split["metrics"]["retrieval"] == whole["metrics"]["retrieval"]
+    as_shards = run_magclip([*args, "--data", f"set={root}", "--matching", "caption"], tmp_path / "c.json")
+    assert as_shards["sets"]["set"]["metrics"]["retrieval"]["text_to_image_R@1"] != \
+        whole["metrics"]["retrieval"]["text_to_image_R@1"]  # the old reading of the split folder scores otherwise
+    with pytest.raises(ValueError, match=r"is the split 'test' of the CLIP_benchmark folder .*cb \(it holds "
+                                         r"nshards\.txt\), not split 'val': give the folder .*cb with split 'val'"):
+        resolve_eval_set("set", str(root / "test"), split="val")
+
+
 # ----------------------------------------------------------------------------- Karpathy split files
 
 
