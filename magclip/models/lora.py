@@ -149,10 +149,13 @@ def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: st
     layers = adapted_layers(model)
     called: set[str] = set()
     handles = [m.register_forward_hook(lambda mod, args, out, name=n: called.add(name)) for n, m in layers.items()]
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics updated, no dropout drawn: the probe leaves the model as it was
     try:
         with torch.no_grad():
             probe(model)
     finally:
+        model.train(was_training)
         for h in handles:
             h.remove()
     unused = sorted(set(layers) - called)
@@ -182,10 +185,6 @@ def base_dtype_for(precision: str, model: nn.Module) -> torch.dtype:
     (whose fp32 running statistics take fp32 weights; FSDP then gathers fp32 too), else fp32."""
     batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     return torch.bfloat16 if precision == "bf16" and not batchnorm else torch.float32
-
-
-def trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
 def save_adapter(peft_model: nn.Module, folder: str | Path) -> Path:
