@@ -71,12 +71,25 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoRAConfig:
+    """`model.lora`: low-rank adapters through peft (magclip/models/lora.py), peft's LoraConfig names: r (0 = off),
+    alpha (peft's lora_alpha: the update is scaled by alpha / r), dropout (lora_dropout) and target_modules."""
+
+    r: int = 0                        # rank of the adapters; 0: no LoRA, every parameter of the towers trains
+    alpha: float = 8.0                # peft's default lora_alpha
+    dropout: float = 0.0              # on the adapters' input (peft's lora_dropout)
+    target_modules: Any = None        # peft's: a list of module-name suffixes, or one regex string (full match); null:
+                                      # every nn.Linear and nn.MultiheadAttention inside the towers' repeated blocks
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny-resnet"          # open_clip name, magclip/models/configs/<name>.json, or a JSON path
     pretrained: str | None = None     # local checkpoint path or open_clip pretrained tag
     lock_text: bool = False           # LiT-style: freeze the text tower
     lock_image: bool = False
     grad_checkpointing: bool = False
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LoRA through peft (models/lora.py); r=0: off
 
 
 @dataclass
@@ -229,6 +242,7 @@ class TextModelConfig:
     passage_max_length: int | None = 256
     shared: bool = True                    # one tower for both sides; false copies it into two
     grad_checkpointing: bool = False
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LoRA through peft (models/lora.py); r=0: off
 
 
 @dataclass
@@ -446,6 +460,7 @@ def validate(cfg: Any) -> None:
     else:
         return
     _check_train(cfg.train)
+    _check_lora(cfg)
 
 
 def _check_captions(cfg: RunConfig) -> None:
@@ -554,6 +569,33 @@ def _check_train(train: TrainConfig) -> None:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if train.resume not in (None, *RESUME_WORDS) and not Path(train.resume).exists():
         raise ConfigError(f"train.resume={train.resume!r}: no such checkpoint (use 'latest', 'auto' or a path)")
+
+
+def _check_lora(cfg: RunConfig | TextRunConfig) -> None:
+    """model.lora's values, and the combinations a LoRA run cannot train (magclip/models/lora.py checks the rest,
+    against the towers, at the start)."""
+    lora = cfg.model.lora
+    if lora.r < 0:
+        raise ConfigError(f"model.lora.r must be >= 0 (0: no LoRA), got {lora.r}")
+    if not lora.alpha > 0:
+        raise ConfigError(f"model.lora.alpha must be > 0, got {lora.alpha}")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"model.lora.dropout must be in [0, 1), got {lora.dropout}")
+    targets = lora.target_modules
+    if not (targets is None or (isinstance(targets, str) and targets.strip())
+            or (isinstance(targets, list) and targets and all(isinstance(t, str) and t.strip() for t in targets))):
+        raise ConfigError(f"model.lora.target_modules={targets!r}: give a list of module-name suffixes "
+                          "([c_fc, c_proj]), one regex string (peft's full match), or null (the default)")
+    if lora.r == 0:
+        return
+    locked = [k for k in ("lock_text", "lock_image") if getattr(cfg.model, k, False)]
+    if locked:
+        raise ConfigError(f"model.lora.r={lora.r} with model.{locked[0]}=true: LoRA freezes every weight of the "
+                          "towers already; to leave a tower without adapters, name modules of the other one in "
+                          "model.lora.target_modules")
+    if cfg.train.precision == "bf16" and cfg.eval.precision == "fp32":
+        raise ConfigError("model.lora with train.precision=bf16 holds the frozen base in bf16, which cannot encode in "
+                          "fp32 without a second, fp32 copy of the model: set eval.precision=bf16 (or auto)")
 
 
 def signal_numbers(names: list[str]) -> list[signal.Signals]:

@@ -26,6 +26,7 @@ from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.metrics.relevance import MATCHING
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
+from magclip.models.lora import ADAPTER_DIR, adapt_clip, check_evaluation_dtype, is_peft, lora_on, merged_model, save_adapter
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
 from magclip.temperature import (
     SIGLIP_INIT_BIAS,
@@ -37,7 +38,7 @@ from magclip.temperature import (
 )
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
-from magclip.training.levers import evaluation_autocast
+from magclip.training.levers import evaluation_autocast, resolve_precision
 from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
@@ -163,6 +164,10 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                          lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
                          device=accelerator.device,
                          **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
+    if lora_on(cfg.model.lora):  # model.lora: adapters through peft (models/lora.py), the base frozen
+        base_dtype = adapt_clip(bundle.model, cfg.model.lora, bundle.preprocess_val, bundle.tokenizer,
+                                resolve_precision(cfg.train.precision, accelerator.device)[0], cfg.train.sharding)
+        check_evaluation_dtype(base_dtype, resolve_precision(cfg.eval.precision, accelerator.device)[0])
     module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss),
                              logit_bias).to(accelerator.device)
     if cfg.model.pretrained and cfg.train.resume is None:
@@ -214,7 +219,11 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
 
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
         bias = m.logit_bias.value if m.logit_bias is not None else None
-        save_open_clip_folder(m.clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
+        clip = m.clip.clip
+        if is_peft(clip):  # a LoRA run: peft's adapter folder, and the merged model as the open_clip folder
+            save_adapter(clip, step_dir / ADAPTER_DIR)
+            clip = merged_model(clip)
+        save_open_clip_folder(clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
         atomic_write_json(step_dir / CHECKPOINT_META, {
             "model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
             "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)})

@@ -30,12 +30,13 @@ from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
+from magclip.models.lora import ADAPTER_DIR, adapt_text, check_evaluation_dtype, lora_on, merged_encoder, save_text_adapters
 from magclip.models.text import BiEncoder, resolve_model_path
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
-from magclip.training.levers import evaluation_autocast
+from magclip.training.levers import evaluation_autocast, resolve_precision
 from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
@@ -146,6 +147,10 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     torch.manual_seed(cfg.train.seed)
     records, read_skips, train_columns = load_records(cfg.data)
     encoder = load_encoder(cfg.model)
+    lora = lora_on(cfg.model.lora)
+    if lora:  # model.lora: adapters through peft (models/lora.py), the base frozen
+        base_dtype = adapt_text(encoder, cfg.model.lora, resolve_precision(cfg.train.precision, accelerator.device)[0])
+        check_evaluation_dtype(base_dtype, resolve_precision(cfg.eval.precision, accelerator.device)[0])
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
@@ -186,7 +191,11 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         return metrics
 
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
-        m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
+        encoder = m.encoder
+        if lora:  # a LoRA run: peft's adapter folder(s), and the merged model as the sentence-transformers folder
+            save_text_adapters(encoder, step_dir / ADAPTER_DIR)
+            encoder = merged_encoder(encoder)
+        encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
                                   logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
 
     write_run_config(cfg, run_dir, accelerator)

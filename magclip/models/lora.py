@@ -1,0 +1,295 @@
+"""LoRA through peft: low-rank adapters on a frozen tower (`model.lora`), beside clip.py and text.py.
+
+The field fine-tunes large encoders this way (tevatron's RepLLaMA recipe): each adapted layer keeps its weight W
+frozen and learns W + (alpha / r) * B @ A with A, B of rank r. Here peft does the adapting (`get_peft_model`), so
+the adapters are peft's own modules and files:
+
+- `add_lora(model, cfg, probe, base_dtype)` wraps one model (an open_clip CLIP model, a Hugging Face encoder or
+  decoder) in a `PeftModel`: only the adapters train; the frozen base is held in `base_dtype` (bf16 when training
+  runs in bf16: half the bytes), the adapters in fp32. What `target_modules` names is checked against the model at
+  once, in one line: a name that matches nothing, a module peft cannot adapt, and a module whose forward the model
+  never calls (its weight is read directly, e.g. `out_proj` of an `nn.MultiheadAttention`, which
+  `F.multi_head_attention_forward` uses by weight: a LoRA there would never change an output). `probe` runs the
+  model once on a small input to see which adapted modules take part.
+- The default targets (`target_modules: null`) come from the model's structure, not its name: every `nn.Linear`
+  inside its repeated blocks (open_clip's residual blocks, a BERT's or a decoder's layers) that the block calls.
+  open_clip's attention is an `nn.MultiheadAttention`: peft adapts it as a whole (its in- and out-projection) where
+  `target_modules` names it (`attn`), under ddp only: FSDP2 cannot shard peft's MultiheadAttention adapter, whose
+  forward swaps the layer's parameters (`check_sharding` refuses it at the start).
+- `save_adapter` writes peft's folder (adapter_config.json + adapter_model.safetensors, `PeftModel.save_pretrained`);
+  `merged_model` is an fp32 copy with the adapters merged into the weights (peft's `merge_and_unload`): the plain
+  model that open_clip or sentence-transformers load, whose outputs equal the adapter model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("magclip.lora")
+
+ADAPTER_DIR = "adapter"  # a step folder's peft adapter (a BiEncoder with two towers: adapter/query, adapter/passage)
+
+
+class LoRAError(ValueError):
+    """A `model.lora` setting that cannot adapt this model; the message names the key, the modules and what to do."""
+
+
+def lora_on(cfg: Any) -> bool:
+    """Whether a `model.lora` section asks for adapters (r > 0)."""
+    return cfg is not None and cfg.r > 0
+
+
+def repeated_blocks(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
+    """(name, block) of the model's repeated blocks: the children of a ModuleList or Sequential that are all of one
+    class, composite and hold parameters (the rule of training/sharding.py's FSDP units). Not searched inside blocks."""
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, child in model.named_children():
+        full = f"{prefix}{name}"
+        kids = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
+        if kids and len({type(k) for _, k in kids}) == 1 and all(
+                any(True for _ in k.children()) and any(True for _ in k.parameters()) for _, k in kids):
+            blocks.extend((f"{full}.{n}", k) for n, k in kids)
+        else:
+            blocks.extend(repeated_blocks(child, f"{full}."))
+    return blocks
+
+
+def default_targets(model: nn.Module) -> list[str]:
+    """Every nn.Linear inside the repeated blocks whose forward the block calls (not the out_proj inside an
+    nn.MultiheadAttention, which F.multi_head_attention_forward reads by weight), as peft's list of name suffixes: the
+    names within a block where they match nothing outside the blocks, else the full names. open_clip's attention
+    (nn.MultiheadAttention) is adapted only where target_modules names it (peft adapts it as a whole; not under fsdp)."""
+    wanted: list[str] = []
+    for block_name, block in repeated_blocks(model):
+        inside_attention = {f"{n}.{c}" if n else c for n, m in block.named_modules()
+                            if isinstance(m, nn.MultiheadAttention) for c, _ in m.named_modules() if c}
+        for name, module in block.named_modules():
+            if name and isinstance(module, nn.Linear) and name not in inside_attention:
+                wanted.append(f"{block_name}.{name}")
+    if not wanted:
+        return []
+    suffixes = sorted(set(_relative(wanted, model)))
+    matched = {n for n, _ in model.named_modules() if any(n == s or n.endswith("." + s) for s in suffixes)}
+    return suffixes if matched == set(wanted) else wanted
+
+
+def _relative(names: list[str], model: nn.Module) -> list[str]:
+    """Each name within its block (`visual.transformer.resblocks.3.mlp.c_fc` -> `mlp.c_fc`)."""
+    blocks = sorted((n for n, _ in repeated_blocks(model)), key=len, reverse=True)
+    out = []
+    for name in names:
+        block = next(b for b in blocks if name.startswith(b + "."))
+        out.append(name[len(block) + 1:])
+    return out
+
+
+def peft_config(cfg: Any, model: nn.Module):
+    """peft's LoraConfig for `model.lora` (`cfg`: r, alpha, dropout, target_modules) on `model`."""
+    from peft import LoraConfig
+
+    targets = cfg.target_modules if cfg.target_modules is not None else default_targets(model)
+    if not targets:
+        raise LoRAError(f"model.lora: {type(model).__name__} has no nn.Linear inside repeated blocks to adapt by "
+                        "default; name the modules in model.lora.target_modules")
+    return LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets)
+
+
+def add_lora(model: nn.Module, cfg: Any, probe: Callable[[nn.Module], object],
+             base_dtype: torch.dtype = torch.float32, what: str = "the model"):
+    """`model` wrapped in a peft `PeftModel` with `model.lora`'s adapters: every module `target_modules` matches is
+    adapted, and must take part in `probe(peft_model)` (one small forward); only the adapters train, in fp32; the
+    frozen base is cast to `base_dtype` (BatchNorm layers keep fp32: their running statistics are fp32)."""
+    from peft import get_peft_model
+
+    config = peft_config(cfg, model)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as exn:
+        first = " ".join(str(exn).split())
+        raise LoRAError(f"model.lora.target_modules={_shown(config.target_modules)} cannot adapt {what}: {first[:400]}"
+                        " (list the model's modules with model.named_modules())") from None
+    _check_used(peft_model, probe, what)
+    _hold_base(peft_model, base_dtype)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    log.info("model.lora on %s: r=%d, alpha=%g, dropout=%g, %d modules adapted (%s); %d trainable parameters of %d "
+             "(%.2f%%), the frozen base in %s", what, cfg.r, cfg.alpha, cfg.dropout, len(adapted_layers(peft_model)),
+             _shown(config.target_modules), trainable, total, 100 * trainable / max(total, 1),
+             str(base_dtype).replace("torch.", ""))
+    return peft_model
+
+
+def _shown(targets: Any) -> str:
+    if isinstance(targets, str):
+        return repr(targets)
+    items = sorted(targets)
+    return "[" + ", ".join(items[:6]) + (f", ... ({len(items)} names)" if len(items) > 6 else "") + "]"
+
+
+def adapted_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> peft LoRA layer, the outermost only (peft adapts a MultiheadAttention's out_proj through the
+    attention layer, which merges it in its own forward)."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    return {n: m for n, m in layers.items() if not any(n.startswith(o + ".") for o in layers if o != n)}
+
+
+def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: str) -> None:
+    """Refuse adapted modules that the model's forward never calls (their weight is read directly elsewhere): their
+    adapters would train nothing and change no output."""
+    layers = adapted_layers(model)
+    called: set[str] = set()
+    handles = [m.register_forward_hook(lambda mod, args, out, name=n: called.add(name)) for n, m in layers.items()]
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics updated, no dropout drawn: the probe leaves the model as it was
+    try:
+        with torch.no_grad():
+            probe(model)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    unused = sorted(set(layers) - called)
+    if unused:
+        short = [re.sub(r"^base_model\.model\.", "", n) for n in unused]
+        raise LoRAError(f"model.lora.target_modules matches {len(unused)} module(s) of {what} whose forward the model "
+                        f"never calls (their weight is read directly, e.g. the out_proj of an nn.MultiheadAttention by "
+                        f"F.multi_head_attention_forward), so an adapter there would change no output: {', '.join(short[:4])}"
+                        f"{', ...' if len(short) > 4 else ''}; target the module that uses them (e.g. the attention "
+                        "layer itself) or leave them out")
+
+
+@torch.no_grad()
+def _hold_base(model: nn.Module, dtype: torch.dtype) -> None:
+    """The frozen floating-point parameters in `dtype`, the adapters in fp32 (their updates are small against W)."""
+    batchnorm = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                 for p in m.parameters()}
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+        elif p.is_floating_point() and id(p) not in batchnorm:
+            p.data = p.data.to(dtype)
+
+
+def base_dtype_for(precision: str, model: nn.Module) -> torch.dtype:
+    """The dtype the frozen base is held in: bf16 where training computes in bf16 and the model has no BatchNorm
+    (whose fp32 running statistics take fp32 weights; FSDP then gathers fp32 too), else fp32."""
+    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return torch.bfloat16 if precision == "bf16" and not batchnorm else torch.float32
+
+
+def save_adapter(peft_model: nn.Module, folder: str | Path) -> Path:
+    """peft's adapter folder (adapter_config.json + adapter_model.safetensors), as `PeftModel.save_pretrained`
+    writes it: `PeftModel.from_pretrained(base, folder)` loads it onto the base model."""
+    folder = Path(folder)
+    peft_model.save_pretrained(str(folder), safe_serialization=True)
+    return folder
+
+
+def merged_model(peft_model: nn.Module) -> nn.Module:
+    """An fp32 copy of the base model with the adapters merged into its weights (peft's merge_and_unload): W + (alpha
+    / r) B A in fp32 over the base's weights upcast. The live model is left as it is."""
+    copied = copy.deepcopy(peft_model)
+    copied.float()
+    return copied.merge_and_unload()
+
+
+def is_peft(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+# ----------------------------------------------------------------------------- the two tasks' towers
+
+
+def check_sharding(model: nn.Module, sharding: str) -> None:
+    """peft's nn.MultiheadAttention adapter replaces the layer's in_proj_weight during each forward and holds parameters
+    outside the module tree FSDP2 walks (fully_shard fails on it): refused under fsdp, in one line."""
+    from peft.tuners.lora.layer import MultiheadAttention as LoraAttention
+
+    if sharding != "fsdp":
+        return
+    attention = [re.sub(r"^.*base_model\.model\.", "", n) for n, m in adapted_layers(model).items()
+                 if isinstance(m, LoraAttention)]
+    if attention:
+        raise LoRAError(f"model.lora.target_modules adapts {len(attention)} nn.MultiheadAttention layer(s) "
+                        f"({', '.join(attention[:2])}{', ...' if len(attention) > 2 else ''}), which train.sharding=fsdp "
+                        "cannot shard (peft's adapter swaps the layer's weights in its forward): leave them out of "
+                        "model.lora.target_modules (the default adapts the Linear layers) or use train.sharding=ddp")
+
+
+def check_evaluation_dtype(base_dtype: torch.dtype, eval_precision: str) -> None:
+    """A bf16 base encodes in bf16 only: an fp32 evaluation would need a second, fp32 copy of the whole model."""
+    if base_dtype == torch.bfloat16 and eval_precision == "fp32":
+        raise LoRAError("model.lora with train.precision resolving to bf16 holds the frozen base in bf16, which cannot "
+                        "encode in fp32 without a second, fp32 copy of the model: set eval.precision=bf16 (or auto), "
+                        "or train.precision=fp32")
+
+
+def adapt_clip(raw: nn.Module, cfg: Any, preprocess: Callable, tokenizer: Callable, precision: str,
+               sharding: str = "ddp") -> torch.dtype:
+    """LoRA on a `RawCLIP`'s open_clip model, in place (`raw.clip` becomes a PeftModel over both towers); the probe
+    encodes one blank image and one caption. Returns the dtype the frozen base is held in."""
+    from PIL import Image
+
+    clip = raw.clip
+    device = next(clip.parameters()).device
+    image = preprocess(Image.new("RGB", (32, 32))).unsqueeze(0).to(device)
+    text = tokenizer(["a photo"]).to(device)
+    dtype = base_dtype_for(precision, clip)
+    raw.clip = add_lora(clip, cfg, lambda m: (m.encode_image(image), m.encode_text(text)), dtype,
+                        what=f"the open_clip model {type(clip).__name__}")
+    check_sharding(raw.clip, sharding)
+    return dtype
+
+
+def adapt_text(encoder: nn.Module, cfg: Any, precision: str) -> torch.dtype:
+    """LoRA on a `BiEncoder`'s tower(s), in place (each tower becomes a PeftModel with its own adapters); the modules
+    after Pooling (a Dense projection) stay frozen with the base. Returns the dtype the frozen base is held in."""
+    dtype = base_dtype_for(precision, encoder)
+    for side in ("query", "passage") if encoder.passage_model is not None else ("query",):
+        tower = encoder.tower(side)
+        batch = {k: v.to(encoder.device) for k, v in encoder.tokenize(["a probe"], side).items()
+                 if k in ("input_ids", "attention_mask", "token_type_ids")}
+        adapted = add_lora(tower, cfg, lambda m: m(**batch), dtype, what=f"the {side} tower {type(tower).__name__}")
+        setattr(encoder, "query_model" if side == "query" else "passage_model", adapted)
+    for head in (encoder.query_head, encoder.passage_head):
+        if head is not None:
+            head.requires_grad_(False)
+    _hold_base(encoder, dtype)
+    return dtype
+
+
+def merged_encoder(encoder: nn.Module) -> nn.Module:
+    """A BiEncoder like `encoder` whose tower(s) are the merged fp32 models (the heads copied in fp32): what
+    `BiEncoder.save_pretrained` writes as the sentence-transformers folder."""
+    from magclip.models.text import BiEncoder
+
+    def plain(model: nn.Module | None) -> nn.Module | None:
+        return None if model is None else merged_model(model) if is_peft(model) else copy.deepcopy(model).float()
+
+    head = copy.deepcopy(encoder.query_head).float()
+    passage_head = None if encoder.passage_head is None else copy.deepcopy(encoder.passage_head).float()
+    return BiEncoder(plain(encoder.query_model), encoder.tokenizer, encoder.settings, plain(encoder.passage_model),
+                     encoder.passage_tokenizer if encoder.passage_model is not None else None,
+                     encoder.default_scorer, encoder.source, query_head=head, passage_head=passage_head)
+
+
+def save_text_adapters(encoder: nn.Module, folder: str | Path) -> None:
+    """adapter/ (one tower) or adapter/query + adapter/passage (two), each peft's folder."""
+    folder = Path(folder)
+    if encoder.passage_model is None:
+        save_adapter(encoder.query_model, folder)
+        return
+    save_adapter(encoder.query_model, folder / "query")
+    save_adapter(encoder.passage_model, folder / "passage")

@@ -1,0 +1,137 @@
+"""model.lora in training: only the adapters, the logit scale and learnable γ train (every scoring mode), on a base
+held in bf16 that does not move; a LoRA run resumed from its checkpoint ends like the unbroken run; a LoRA run under
+fsdp on 2 gloo processes (a decoder tower) trains and writes peft's adapter folder beside the merged
+sentence-transformers folder; a combination that cannot work ends the command in one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from builders import copy_run_at, free_port, load_weights, make_tiny_decoder, tiny_run
+from test_engine import collate, fixed_batches
+from test_text_training import toy_run
+
+from magclip.config import LoRAConfig, LossConfig, TrainConfig, load_config
+from magclip.models.clip import create_clip
+from magclip.models.lora import adapt_clip
+from magclip.training.accelerator import make_accelerator
+from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss, train_clip
+from magclip.training.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_thread")
+MODES = ("cosine", "dot", "qnorm", "dnorm", "learnable")
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one mixed precision per process: a bf16 engine needs its state cleared, before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lora_trains_only_the_adapters_the_scale_and_gamma(tmp_path, fresh_accelerate_state, mode):
+    torch.manual_seed(0)
+    cfg = TrainConfig(epochs=1, batch_size=8, lr=1e-2, warmup_steps=0, log_every=1, precision="bf16", max_steps=2)
+    acc = make_accelerator(cfg, tmp_path)
+    bundle = create_clip("tiny-vit")
+    r = 4
+    adapt_clip(bundle.model, LoRAConfig(r=r), bundle.preprocess_val, bundle.tokenizer, "bf16")
+    loss_cfg = LossConfig(i2t=mode, t2i=mode)
+    module = CLIPTrainModule(bundle.model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
+    loss_side = {id(p) for p in module.loss_parameters() if p.requires_grad}
+    trainable = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    # r x (in + out) per adapted Linear: mlp.c_fc (128 -> 512) and mlp.c_proj (512 -> 128) of 3 + 2 blocks
+    assert sum(p.numel() for p in trainable.values() if id(p) not in loss_side) == 5 * 2 * r * (128 + 512)
+    assert all("lora_" in n or id(p) in loss_side for n, p in trainable.items())
+    assert all(p.dtype == torch.float32 for p in trainable.values())
+    base = {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
+    assert {p.dtype for n, p in base.items() if n.endswith("weight")} == {torch.bfloat16}
+    before = {n: p.detach().clone() for n, p in trainable.items()}
+
+    engine = Engine(cfg, acc, module, tmp_path, lambda epoch: [collate(fixed_batches(8, seed=s)) for s in range(2)],
+                    steps_per_epoch=2, save_model=lambda m, step_dir: None)
+    engine.fit()
+    engine.close()
+    after = dict(module.named_parameters())
+    assert all(torch.equal(after[n], p) for n, p in base.items())  # the frozen base did not move
+    moved = {n for n, p in before.items() if not torch.equal(after[n], p)}
+    assert {n for n in before if "lora_B" in n} <= moved  # the adapters trained
+    if mode == "learnable":
+        assert {n for n in before if n.startswith("loss.")} <= moved  # the exponents trained
+    assert {n for n in before if n.startswith("logit_scale.")} <= moved or not module.logit_scale.learnable
+
+
+def test_a_lora_run_resumes_like_the_unbroken_run(tmp_path):
+    """From the unbroken run's own step-2 checkpoint (adapter dropout on: the RNG state is part of it): the same
+    weights, the same train_loss_recent and the same adapter files."""
+    synth = tmp_path / "synthetic"
+    extra = ("model.name=tiny-vit", "model.lora.r=4", "model.lora.dropout=0.1", "train.precision=fp32",
+             "train.max_steps=4", "train.checkpoint_every=2")
+    whole = train_clip(load_config(None, tiny_run(tmp_path, synth, "whole", *extra)))
+    copy_run_at(tmp_path / "whole", tmp_path / "part", "step_00000002")
+    resumed = train_clip(load_config(None, tiny_run(tmp_path, synth, "part", *extra, "train.resume=latest")))
+    assert resumed["steps"] == whole["steps"] == 4
+    assert resumed["weights_sha256_by_rank"] == whole["weights_sha256_by_rank"]
+    assert resumed["train_loss_recent"] == whole["train_loss_recent"]
+    adapters = [load_weights(tmp_path / run / "checkpoints" / "step_00000004" / "adapter" / "adapter_model.safetensors")
+                for run in ("whole", "part")]
+    assert adapters[0].keys() == adapters[1].keys() and all(torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+    step2 = load_weights(tmp_path / "whole" / "checkpoints" / "step_00000002" / "adapter" / "adapter_model.safetensors")
+    assert any(not torch.equal(step2[k], adapters[0][k]) for k in step2)
+
+
+def test_lora_under_fsdp_on_two_processes(tmp_path):
+    """A decoder tower (tiny Qwen3, last-token pooling) with LoRA under FSDP2 on 2 gloo processes, bf16 and gradient
+    checkpointing: blocks that hold a frozen bf16 base beside fp32 adapters are sharded and trained (the adapters move
+    between checkpoints), the frozen weights of the merged folder stay, and sentence-transformers opens it."""
+    from sentence_transformers import SentenceTransformer
+
+    decoder = make_tiny_decoder(tmp_path / "decoder")
+    overrides = [o for o in toy_run(tmp_path, 16) if not o.startswith("model.name=")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(ROOT / "train" / "text.py"), "--config",
+                           str(ROOT / "configs" / "text" / "scifact.yaml"), *overrides, f"model.name={decoder}",
+                           "model.pooling=last", "model.lora.r=4", "model.grad_checkpointing=true", "name=lora",
+                           "train.sharding=fsdp", "train.precision=bf16", "eval.precision=bf16", "train.batch_size=2",
+                           "train.lr=1e-2", "train.max_steps=3", "train.checkpoint_every=2", "eval.beir={}"],
+                          env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "runs" / "lora"
+    results = json.loads((run / "results.json").read_text())
+    assert results["world_size"] == 2 and results["sharding"] == "fsdp" and "toy/spearman" in results["metrics"]
+    steps = [run / "checkpoints" / f"step_{s:08d}" for s in (2, 3)]
+    adapters = [load_weights(s / "adapter" / "adapter_model.safetensors") for s in steps]
+    assert len(adapters[0]) == 2 * 2 * 7  # A and B of 7 Linear layers in each of 2 blocks
+    assert all(float(v.abs().max()) > 0 for k, v in adapters[1].items() if "lora_B" in k)
+    assert all(not torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
+    merged = [load_weights(s / "model" / "model.safetensors") for s in steps]
+    adapted = {k for k in merged[0] if k.endswith("proj.weight")}
+    assert len(adapted) == 14 and all(not torch.equal(merged[0][k], merged[1][k]) for k in adapted)
+    assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0] if k not in adapted)  # the frozen base
+    assert SentenceTransformer(str(steps[1] / "model"), device="cpu").encode_query(["a cat"]).shape == (1, 32)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.lora.r=-1", "model.lora.r must be >= 0"),
+    ("train.precision=bf16", "holds the frozen base in bf16, which cannot encode in fp32"),
+])
+def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, override, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), "model.lora.r=4", override,
+                           f"output_dir={tmp_path}"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+    assert not (tmp_path / "default").exists()
