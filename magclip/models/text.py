@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from magclip.config import POOLINGS
 from magclip.io import atomic_write_json, load_error
+from magclip.models.st_similarity import folder_scorer
 
 log = logging.getLogger("magclip.text")
 
@@ -194,6 +195,8 @@ class BiEncoder(nn.Module):
         self.passage_tokenizer = passage_tokenizer or tokenizer
         self.settings = settings
         self.default_scorer = dict(default_scorer or {"mode": "cosine", "gamma_q": 1.0, "gamma_d": 1.0})
+        # why the folder's own similarity cannot score it (models/st_similarity.py): evaluation then needs a mode
+        self.similarity_refusal: str | None = None
         self.source = source
 
     # ------------------------------------------------------------------ building
@@ -246,7 +249,9 @@ class BiEncoder(nn.Module):
             limit = _model_max_length(tok, q_model)
             settings_kwargs["query_max_length"] = settings_kwargs["passage_max_length"] = limit
         settings = TextEncoderSettings(**{**settings_kwargs, **overrides})
-        return cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path), query_head=head)
+        model = cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path), query_head=head)
+        model.similarity_refusal = st.get("similarity_refusal")
+        return model
 
     # ------------------------------------------------------------------ encoding
     def tower(self, side: str) -> nn.Module:
@@ -652,17 +657,16 @@ def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:
     sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
     if sbert_cfg.get("max_seq_length"):
         settings["query_max_length"] = settings["passage_max_length"] = int(sbert_cfg["max_seq_length"])
-    sim = "cosine"
+    sim = None
     st_cfg = folder / "config_sentence_transformers.json"
     if st_cfg.is_file():
         cfg = json.loads(st_cfg.read_text())
         prompts = cfg.get("prompts") or {}
         settings["query_prefix"] = prompts.get("query", "")
         settings["passage_prefix"] = prompts.get("document", prompts.get("passage", ""))
-        sim = cfg.get("similarity_fn_name") or "cosine"
-    mode = "cosine" if layout.normalize or sim == "cosine" else ("dot" if sim == "dot" else "cosine")
-    gammas = {"cosine": (1.0, 1.0), "dot": (0.0, 0.0)}[mode]
-    return {"settings": settings, "scorer": {"mode": mode, "gamma_q": gammas[0], "gamma_d": gammas[1]},
+        sim = cfg.get("similarity_fn_name")
+    scorer, refusal = folder_scorer(sim, layout.normalize, st_cfg)
+    return {"settings": settings, "scorer": scorer, "similarity_refusal": refusal,
             "normalize": layout.normalize, "layout": layout}
 
 
