@@ -98,7 +98,7 @@ class TextTrainModule(TrainModule):
 def load_records(cfg: TextDataConfig):
     """(records, read-time skips, the columns each file's records came from: results.json's train_columns)."""
     if cfg.train is not None:
-        read = read_pairs_with_columns(cfg.train, cfg.max_records)
+        read = read_pairs_with_columns(cfg.train, cfg.max_records, cfg.train_split)
         return read.records, read.skipped, read.columns
     rows = beir_to_pairs(cfg.beir, cfg.beir_split, random_negatives=cfg.random_negatives)
     if cfg.max_records is not None:
