@@ -67,6 +67,9 @@ def load_encoder(cfg: TextModelConfig) -> BiEncoder:
                                     passage_max_length=cfg.passage_max_length, shared=cfg.shared)
     if cfg.grad_checkpointing:
         for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
+            if not hasattr(tower, "gradient_checkpointing_enable"):   # a StaticEmbedding table has no layers
+                raise ConfigError(f"model.grad_checkpointing: {cfg.name} has a {type(tower).__name__} tower, "
+                                  "which has no layers to checkpoint; set model.grad_checkpointing=false")
             tower.gradient_checkpointing_enable()
     return enc
 
