@@ -17,7 +17,11 @@ loads with its own pooling, max length and prompts. Every module of modules.json
 Transformer -> Pooling (mean, cls, lasttoken) -> any of Dense, LayerNorm, Dropout (the LaBSE /
 distiluse / sentence-t5 layout; loaded with sentence-transformers' own classes, trained with the
 tower, saved back) -> Normalize. The Normalize module is *not* applied (the mode says how to
-compare, `default_scorer` reports "cosine" for it), so it must come last. `save_pretrained` writes
+compare, `default_scorer` reports "cosine" for it), so it must come last. A `StaticEmbedding` may
+stand in the Transformer + Pooling's place (models/static.py). A `Router` (sentence-transformers >= 5)
+with routes "query" and "document" (what `encode_query` / `encode_document` run), each route laid out
+as above, loads as separate towers (shared=False), each with its own max length and head; the folder's
+`similarity_fn_name` gives the default scorer (models/st_similarity.py). `save_pretrained` writes
 a folder that sentence-transformers loads with `SentenceTransformer(path)`:
 
 - shared tower: the classic layout (HF weights + tokenizer at the root, `1_Pooling/`,
