@@ -109,3 +109,20 @@ def test_the_folder_trains_and_saves_what_sentence_transformers_loads(folders, k
         ours = after.encode(TEXTS, side)
         assert torch.allclose(ours, encode(TEXTS, convert_to_tensor=True), atol=1e-5)
         assert not torch.allclose(ours, before.encode(TEXTS, side), atol=1e-4)   # this side's tower trained
+
+
+def test_what_cannot_work_is_refused_in_one_line(folders, tmp_path):
+    import shutil
+
+    with pytest.raises(ValueError, match="Router with separate query and document routes; load it with shared=False"):
+        BiEncoder.from_pretrained(folders["router"], shared=True)
+    with pytest.raises(ValueError, match="a StaticEmbedding model pools by the mean of its tokens; pooling='cls'"):
+        BiEncoder.from_pretrained(folders["static"], pooling="cls")
+    renamed = shutil.copytree(folders["router"], tmp_path / "renamed")
+    config = json.loads((renamed / "router_config.json").read_text())
+    config["structure"]["passage"] = config["structure"].pop("document")
+    (renamed / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        BiEncoder.from_pretrained(renamed)
+    assert "\n" not in str(err.value) and "routes ['passage', 'query']; magclip reads a Router with the routes " \
+        "'query' and 'document'" in str(err.value)
