@@ -78,7 +78,7 @@ def load_table(path: Path, split: str = "train"):
     extra: dict[str, Any] = {"delimiter": "\t"} if ".tsv" in path.name else {}
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train", **extra)
-    except Exception as exn:   # pyarrow / pandas / json errors of many kinds, none naming the file
+    except Exception as exn:  # noqa: BLE001 (pyarrow / pandas / json errors of many kinds, none naming the file)
         first = " ".join(str(exn).split())[:300]
         raise ValueError(f"{path}: not a readable {builder} file ({type(exn).__name__}: {first})") from None
 

@@ -47,7 +47,7 @@ def load_static_tower(folder: Path) -> StaticTower:
         from sentence_transformers.models import StaticEmbedding
     try:
         return StaticTower(StaticEmbedding.load(str(folder)).float())
-    except Exception as exn:   # a missing tokenizer.json or weights file, a damaged one
+    except Exception as exn:  # noqa: BLE001 (a missing tokenizer.json or weights file, a damaged one)
         first = " ".join(str(exn).split())[:300]
         raise ValueError(f"{folder}: the StaticEmbedding module does not load ({type(exn).__name__}: {first})") from None
 

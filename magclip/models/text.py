@@ -56,8 +56,8 @@ from torch import Tensor, nn
 
 from magclip.config import POOLINGS
 from magclip.io import atomic_write_json, load_error
-from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 from magclip.models.st_similarity import folder_scorer
+from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 
 log = logging.getLogger("magclip.text")
 
