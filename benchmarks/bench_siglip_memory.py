@@ -144,7 +144,7 @@ def run_world(world: int, args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="siglip_mem_") as tmp:
         mp.start_processes(_worker, args=(world, _free_port(), args, tmp), nprocs=world, join=True,
                            start_method="spawn")
-        return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
 def main() -> None:

@@ -247,7 +247,9 @@ class TextModelConfig:
 
 @dataclass
 class TextDataConfig:
-    train: str | None = None               # pairs: .jsonl[.gz], folder, tar shards (brace patterns, '::')
+    train: str | None = None               # pairs: .jsonl[.gz], .parquet/.csv/.tsv/.json, a datasets save_to_disk
+                                           # folder, a folder of these, tar shards (brace patterns, '::')
+    train_split: str = "train"             # the split of a DatasetDict folder in data.train
     beir: str | None = None                # or a BEIR folder whose `beir_split` qrels become pairs
     beir_split: str = "train"
     random_negatives: int = 0              # BEIR conversion: random corpus negatives per query

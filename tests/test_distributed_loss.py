@@ -127,7 +127,7 @@ def _free_port() -> int:
 def spawn_ranks(worker, out_dir) -> list:
     """Run `worker(rank, port, out_dir)` on WORLD gloo processes; each rank's saved results."""
     mp.start_processes(worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=True, start_method="spawn")
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
 def assert_ranks_equal_one_process(two_rank_results: list, index: int, case: dict, towers: type) -> dict:

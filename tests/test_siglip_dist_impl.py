@@ -115,7 +115,7 @@ def _free_port() -> int:
 def spawn(world: int, out_dir) -> list[dict]:
     mp.start_processes(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=True,
                        start_method="spawn")
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"world{w}")

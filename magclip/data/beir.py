@@ -21,7 +21,12 @@ and of a text training run carries it): a corpus line whose `_id` repeats replac
 place), so the report counts the repeated ids, how many of them changed the text, and which of them
 the split judges (there a judged document may not be the one the judgement was made on); a repeated
 query id likewise (the last text wins); queries without a judgement in the split are left out of the
-evaluation, counted with their first ids.
+evaluation, counted with their first ids. A qrels row that repeats a (query, document) pair replaces the
+earlier score (BEIR fills `qrels[query][doc]` row by row: the last row wins), counted with how many changed
+the score (`repeated_qrels`, `repeated_qrels_changed`); a query whose judgements are all 0 (none relevant)
+stays in the evaluation and scores 0 in every mean, as in BEIR and pytrec_eval (no relevant document: nDCG,
+recall and MRR are 0), counted with its first ids (`queries_all_zero`), so a mean pulled down by such
+queries says so.
 
 `beir_to_pairs` turns a split's qrels (normally `train`) into training pairs: one record per query
 with every relevant document (score >= `min_score`) as `positive` and optionally `random_negatives`
@@ -172,13 +177,20 @@ def read_queries(folder: str | Path) -> dict[str, str]:
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """query-id, corpus-id, score (tab separated, header line)."""
+    return read_qrels_lines(path)[0]
+
+
+def read_qrels_lines(path: str | Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], bool]]:
+    """The qrels as BEIR reads them (a repeated (query, document) row: the last score wins) and the repeated
+    pairs, each with whether a later row changed its score."""
     qrels: dict[str, dict[str, int]] = {}
+    repeated: dict[tuple[str, str], bool] = {}
     _refuse_lfs_pointer(path)
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, None)
         if header is None:
-            return qrels
+            return qrels, repeated
         if header[:2] != ["query-id", "corpus-id"]:  # no header: the first line is data
             f.seek(0)
             reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -190,8 +202,11 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             except (IndexError, ValueError):
                 raise ValueError(f"{path}:{reader.line_num}: expected query-id<TAB>corpus-id<TAB>score, "
                                  f"got {row!r}") from None
-            qrels.setdefault(qid, {})[did] = score
-    return qrels
+            judged = qrels.setdefault(qid, {})
+            if did in judged:
+                repeated[(qid, did)] = repeated.get((qid, did), False) or judged[did] != score
+            judged[did] = score
+    return qrels, repeated
 
 
 def check_beir_folder(folder: str | Path, split: str = "test") -> Path:
@@ -213,7 +228,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     qrels_file = check_beir_folder(folder, split)
     corpus, repeated_docs = read_corpus_lines(folder)
     all_queries, repeated_queries = read_query_lines(folder)
-    qrels = read_qrels(qrels_file)
+    qrels, repeated_qrels = read_qrels_lines(qrels_file)
     if not qrels:
         raise ValueError(f"{qrels_file}: no judgements")
     missing = [q for q in qrels if q not in all_queries]
@@ -245,6 +260,7 @@ def load_beir(folder: str | Path, split: str = "test") -> BeirData:
     queries = {q: all_queries[q] for q in all_queries if q in qrels}
     report = read_report(folder, split, qrels, repeated_docs, repeated_queries,
                          [q for q in all_queries if q not in qrels])
+    report.update(qrels_report(qrels_file, qrels, repeated_qrels))
     return BeirData(folder.name, corpus, queries, qrels, split, warnings, report)
 
 
@@ -273,6 +289,25 @@ def read_report(folder: Path, split: str, qrels: dict[str, dict[str, int]], repe
     if unjudged:
         log.info("%s: %d queries have no judgement in %s and are left out (as BEIR does), e.g. %s",
                  folder / "queries.jsonl", len(unjudged), split, unjudged[:show])
+    return report
+
+
+def qrels_report(qrels_file: Path, qrels: dict[str, dict[str, int]], repeated: dict[tuple[str, str], bool],
+                 show: int = 10) -> dict[str, Any]:
+    """Repeated (query, document) rows (the last score kept, as BEIR does) and the evaluated queries whose
+    judgements are all 0 (no relevant document: they score 0 in every mean, as in BEIR), logged."""
+    all_zero = [q for q, docs in qrels.items() if not any(s > 0 for s in docs.values())]
+    report = {"repeated_qrels": len(repeated), "repeated_qrels_changed": sum(repeated.values()),
+              "repeated_qrels_first": [f"{q}\t{d}" for q, d in list(repeated)[:show]],
+              "queries_all_zero": len(all_zero), "queries_all_zero_ids_first": all_zero[:show]}
+    if repeated:
+        log.warning("%s: %d (query, document) pairs are judged on more than one row (%d with another score); the "
+                    "last row of each is kept, as BEIR does, e.g. %s", qrels_file, len(repeated),
+                    report["repeated_qrels_changed"], report["repeated_qrels_first"])
+    if all_zero:
+        log.warning("%s: %d of %d queries have only judgements of 0 (no relevant document); they stay in the "
+                    "evaluation and score 0 in every mean, as in BEIR, e.g. %s", qrels_file, len(all_zero),
+                    len(qrels), all_zero[:show])
     return report
 
 

@@ -1,8 +1,11 @@
-"""Text pairs for retrieval training: records {query, positive, negatives} from JSONL or tar shards.
+"""Text pairs for retrieval training: records {query, positive, negatives} from the field's files.
 
-Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file, a folder (every *.jsonl, *.jsonl.gz and
-*.tar in it, sorted), webdataset-style tar shards whose `KEY.json` members are records (brace
-patterns such as `pairs-{000000..000003}.tar` expand), or several of these joined by '::'.
+Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file; a table as sentence-transformers users hold it,
+read with `datasets` (magclip/data/tables.py: a `save_to_disk` folder, a DatasetDict at `split`,
+`.parquet`, `.csv`, `.tsv`, `.json`, `.gz` compressed or not); a folder (every such file in it, sorted);
+webdataset-style tar shards whose `KEY.json` members are records (brace patterns such as
+`pairs-{000000..000003}.tar` expand); or several of these joined by '::'. Anything else is refused in
+one line naming the file and the formats read. A table's rows follow the same column rules as JSON lines.
 
 Columns (`record_columns`), the field's names: a record that names its query (`query`, or `anchor` as
 sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string or a list,
@@ -57,6 +60,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from magclip.data.tables import is_json_lines, is_pair_file, is_saved_dataset, refuse_format, table_rows
 
 log = logging.getLogger("magclip.data")
 
@@ -144,18 +149,27 @@ def _expand(source: str) -> list[Path]:
             continue
         for item in braceexpand.braceexpand(part):
             p = Path(item)
-            if p.is_dir():
-                paths += sorted(x for x in p.iterdir() if x.name.endswith((".jsonl", ".jsonl.gz", ".tar")))
-            elif p.is_file():
+            if p.is_dir() and is_saved_dataset(p):
                 paths.append(p)
+            elif p.is_dir():
+                paths += sorted(x for x in p.iterdir() if x.is_file() and is_pair_file(x)) + \
+                    sorted(x for x in p.iterdir() if x.is_dir() and is_saved_dataset(x))
+            elif p.is_file() and is_pair_file(p):
+                paths.append(p)
+            elif p.is_file():
+                raise refuse_format(p)
             else:
                 raise FileNotFoundError(f"pair source {item!r} does not exist")
     if not paths:
-        raise FileNotFoundError(f"no pair files found in {source!r}")
+        raise FileNotFoundError(f"no pair files found in {source!r} (read: .jsonl, .parquet, .csv, .tsv, .json, "
+                                ".tar, datasets save_to_disk folders)")
     return paths
 
 
-def _rows(path: Path) -> Iterator[Any]:
+def _rows(path: Path, split: str = "train") -> Iterator[Any]:
+    if path.is_dir() or not (path.name.endswith(".tar") or is_json_lines(path)):
+        yield from table_rows(path, split)
+        return
     if path.name.endswith(".tar"):
         with tarfile.open(path) as tar:
             for member in tar:
@@ -209,13 +223,13 @@ class PairsRead:
     columns: list[dict[str, Any]]   # per file: {"file", "records", "columns": {description: records}, "ignored"}
 
 
-def read_pairs_with_columns(source: str | Path, max_records: int | None = None) -> PairsRead:
+def read_pairs_with_columns(source: str | Path, max_records: int | None = None, split: str = "train") -> PairsRead:
     """All usable records of `source` (see module docstring), the skip counts, and which columns each file's
     records were read from (logged per file). A file with no usable record, or with a role named twice, is
-    refused in one line (ValueError) naming the file and the keys found."""
+    refused in one line (ValueError) naming the file and the keys found. `split`: the split of a DatasetDict."""
     out = PairsRead([], Counter(), [])
     for path in _expand(str(source)):
-        full = _read_file(path, out, max_records)
+        full = _read_file(path, out, max_records, split)
         if not full:
             break
     if out.skipped:
@@ -223,14 +237,14 @@ def read_pairs_with_columns(source: str | Path, max_records: int | None = None) 
     return out
 
 
-def _read_file(path: Path, out: PairsRead, max_records: int | None) -> bool:
+def _read_file(path: Path, out: PairsRead, max_records: int | None, split: str = "train") -> bool:
     """Add `path`'s records to `out`; False once `max_records` is reached."""
     used: Counter = Counter()
     ignored: dict[str, None] = {}
     keys: dict[str, None] = {}
     skipped: Counter = Counter()
     more = True
-    for number, row in enumerate(_rows(path), start=1):
+    for number, row in enumerate(_rows(path, split), start=1):
         keys.update(dict.fromkeys(row if isinstance(row, dict) else ()))
         try:
             record, reason, columns = parse_columns(row)
@@ -259,9 +273,10 @@ def _read_file(path: Path, out: PairsRead, max_records: int | None) -> bool:
     return more
 
 
-def read_pairs(source: str | Path, max_records: int | None = None) -> tuple[list[PairRecord], Counter]:
+def read_pairs(source: str | Path, max_records: int | None = None,
+               split: str = "train") -> tuple[list[PairRecord], Counter]:
     """All usable records of `source` (see module docstring) and the skip counts by reason."""
-    read = read_pairs_with_columns(source, max_records)
+    read = read_pairs_with_columns(source, max_records, split)
     return read.records, read.skipped
 
 

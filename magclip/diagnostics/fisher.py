@@ -237,9 +237,11 @@ def projection_names(model: nn.Module) -> list[str]:
 
     RawCLIP / open_clip: image tower `visual.proj` (ViT), `visual.attnpool.c_proj` (ModifiedResNet),
     `visual.head.proj` (timm), else the last Linear of `visual`; text tower `text_projection`
-    (built-in text transformer) or `text.proj` (HF text tower). BiEncoder: the last nn.Linear of
-    each tower outside the (unused) pooler, e.g. `encoder.layer.5.output.dense` of MiniLM (there is
-    no projection head; this is the last linear map before the final LayerNorm and pooling).
+    (built-in text transformer) or `text.proj` (HF text tower). BiEncoder: per tower, the last
+    nn.Linear of its head after pooling where it has one (a sentence-transformers Dense module, e.g.
+    `query_head.0.linear`: the projection that makes the embedding), else the last nn.Linear of the
+    tower outside the (unused) pooler, e.g. `encoder.layer.5.output.dense` of MiniLM (there is no
+    projection head; this is the last linear map before the final LayerNorm and pooling).
     """
     full = dict(model.named_parameters())
     names: list[str] = []
@@ -267,9 +269,11 @@ def projection_names(model: nn.Module) -> list[str]:
         elif hasattr(clip, "text"):
             names += _last_linear(clip.text, base + "text.")
     elif hasattr(model, "query_model"):
-        names += _last_linear(model.query_model, "query_model.")
-        if getattr(model, "passage_model", None) is not None:
-            names += _last_linear(model.passage_model, "passage_model.")
+        for tower in ("query", "passage"):
+            if getattr(model, f"{tower}_model", None) is not None:
+                head = getattr(model, f"{tower}_head", None)
+                names += (head is not None and _last_linear(head, f"{tower}_head.")) \
+                    or _last_linear(getattr(model, f"{tower}_model"), f"{tower}_model.")
     else:
         names += _last_linear(model, "")
     names = [n for n in names if n in full]

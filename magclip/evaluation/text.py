@@ -37,6 +37,8 @@ def text_scorers(model: BiEncoder, modes: Sequence[str] | None = None, gamma_q: 
     'learnable' need both exponents), or the model's own (magclip_text.json: a learnable one at its trained point)."""
     if modes:
         return [frozen(spec) for spec in resolve_specs(modes, gamma_q, gamma_d, evaluation=True, where="--mode")]
+    if model.similarity_refusal:   # a folder whose similarity_fn_name no mode expresses
+        raise ValueError(model.similarity_refusal)
     return [frozen(model.default_scorer)]
 
 

@@ -17,7 +17,11 @@ loads with its own pooling, max length and prompts. Every module of modules.json
 Transformer -> Pooling (mean, cls, lasttoken) -> any of Dense, LayerNorm, Dropout (the LaBSE /
 distiluse / sentence-t5 layout; loaded with sentence-transformers' own classes, trained with the
 tower, saved back) -> Normalize. The Normalize module is *not* applied (the mode says how to
-compare, `default_scorer` reports "cosine" for it), so it must come last. `save_pretrained` writes
+compare, `default_scorer` reports "cosine" for it), so it must come last. A `StaticEmbedding` may
+stand in the Transformer + Pooling's place (models/static.py). A `Router` (sentence-transformers >= 5)
+with routes "query" and "document" (what `encode_query` / `encode_document` run), each route laid out
+as above, loads as separate towers (shared=False), each with its own max length and head; the folder's
+`similarity_fn_name` gives the default scorer (models/st_similarity.py). `save_pretrained` writes
 a folder that sentence-transformers loads with `SentenceTransformer(path)`:
 
 - shared tower: the classic layout (HF weights + tokenizer at the root, `1_Pooling/`,
@@ -52,6 +56,8 @@ from torch import Tensor, nn
 
 from magclip.config import POOLINGS
 from magclip.io import atomic_write_json, load_error
+from magclip.models.st_similarity import folder_scorer
+from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 
 log = logging.getLogger("magclip.text")
 
@@ -71,7 +77,8 @@ _ST_LEGACY_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token":
                    "pooling_mode_weightedmean_tokens": "weightedmean"}
 # sentence-transformers modules that act on the pooled vector; run with sentence-transformers' own classes
 HEAD_MODULES = ("Dense", "LayerNorm", "Dropout")
-ST_LAYOUT = "Transformer -> Pooling (mean, cls, lasttoken) -> Dense / LayerNorm / Dropout -> Normalize"
+ST_LAYOUT = ("Transformer -> Pooling (mean, cls, lasttoken) or StaticEmbedding -> Dense / LayerNorm / Dropout -> "
+             "Normalize, alone or as the query and document routes of a Router")
 POOLED = "sentence_embedding"  # the features key sentence-transformers keeps the pooled vector under
 
 
@@ -194,6 +201,8 @@ class BiEncoder(nn.Module):
         self.passage_tokenizer = passage_tokenizer or tokenizer
         self.settings = settings
         self.default_scorer = dict(default_scorer or {"mode": "cosine", "gamma_q": 1.0, "gamma_d": 1.0})
+        # why the folder's own similarity cannot score it (models/st_similarity.py): evaluation then needs a mode
+        self.similarity_refusal: str | None = None
         self.source = source
 
     # ------------------------------------------------------------------ building
@@ -213,18 +222,14 @@ class BiEncoder(nn.Module):
             base = _settings_from_dict(meta["settings"])
             settings = TextEncoderSettings(**{**asdict(base), **overrides})
             scorer = meta.get("scorer")
-            if base.shared:
-                q_dir = p_dir = folder
-            else:
-                q_dir, p_dir = folder / meta["towers"]["query"], folder / meta["towers"]["passage"]
-            q_model = _load_encoder(q_dir, hf_kwargs)
-            tok = _load_tokenizer(q_dir)
-            q_head = _load_head(folder, _saved_layout(folder, "query", base.shared).head, _hidden_size(q_model))
+            q_layout = _saved_layout(folder, "query", base.shared)
+            q_model, tok = _load_tower(folder, q_layout, hf_kwargs)
+            q_head = _load_head(folder, q_layout.head, _hidden_size(q_model))
             p_model = p_tok = p_head = None
             if not base.shared:
-                p_model = _load_encoder(p_dir, hf_kwargs)
-                p_tok = _load_tokenizer(p_dir)
-                p_head = _load_head(folder, _saved_layout(folder, "document", False).head, _hidden_size(p_model))
+                p_layout = _saved_layout(folder, "document", False)
+                p_model, p_tok = _load_tower(folder, p_layout, hf_kwargs)
+                p_head = _load_head(folder, p_layout.head, _hidden_size(p_model))
                 if settings.shared:
                     raise ValueError(f"{folder} holds separate towers; it cannot be loaded with shared=True")
             model = cls(q_model, tok, settings, p_model, p_tok, scorer, source=str(name_or_path),
@@ -233,20 +238,48 @@ class BiEncoder(nn.Module):
             return model
 
         st = _read_sentence_transformers_folder(folder) if folder.is_dir() else {}
+        if "routes" in st:
+            return cls._from_router(folder, st, overrides, hf_kwargs, str(name_or_path))
         settings_kwargs: dict[str, Any] = {}
         scorer = {"mode": "cosine", "gamma_q": 1.0, "gamma_d": 1.0}
         if st:
             settings_kwargs.update(st["settings"])
             scorer = st["scorer"]
-            path = str(folder / st["layout"].transformer)
-        q_model = _load_encoder(path, hf_kwargs)
-        tok = _load_tokenizer(path)
+            q_model, tok = _load_tower(folder, st["layout"], hf_kwargs)
+        else:
+            q_model, tok = _load_encoder(path, hf_kwargs), _load_tokenizer(path)
         head = _load_head(folder, st["layout"].head, _hidden_size(q_model)) if st else None
         if "query_max_length" not in settings_kwargs:
             limit = _model_max_length(tok, q_model)
             settings_kwargs["query_max_length"] = settings_kwargs["passage_max_length"] = limit
         settings = TextEncoderSettings(**{**settings_kwargs, **overrides})
-        return cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path), query_head=head)
+        model = cls(q_model, tok, settings, None, None, scorer, source=str(name_or_path), query_head=head)
+        model.similarity_refusal = st.get("similarity_refusal")
+        _check_static_pooling(model)
+        return model
+
+    @classmethod
+    def _from_router(cls, folder: Path, st: dict[str, Any], overrides: dict[str, Any], hf_kwargs: dict[str, Any],
+                     source: str) -> BiEncoder:
+        """A sentence-transformers Router with routes "query" and "document" (what `encode_query` and
+        `encode_document` run): each route its own tower, tokenizer and head."""
+        towers = {}
+        for route in ("query", "document"):
+            layout = st["routes"][route]
+            model, tok = _load_tower(folder, layout, hf_kwargs)
+            towers[route] = (model, tok, _load_head(folder, layout.head, _hidden_size(model)))
+        limits = {f"{side}_max_length": _model_max_length(towers[route][1], towers[route][0])
+                  for side, route in (("query", "query"), ("passage", "document"))}   # the tokenizers' own
+        settings = TextEncoderSettings(**{**limits, **st["settings"], **overrides})
+        if settings.shared:
+            raise ValueError(f"{folder}: a sentence-transformers Router with separate query and document routes; "
+                             "load it with shared=False (model.shared=false)")
+        (q_model, q_tok, q_head), (p_model, p_tok, p_head) = towers["query"], towers["document"]
+        model = cls(q_model, q_tok, settings, p_model, p_tok, st["scorer"], source=source,
+                    query_head=q_head, passage_head=p_head)
+        model.similarity_refusal = st.get("similarity_refusal")
+        _check_static_pooling(model)
+        return model
 
     # ------------------------------------------------------------------ encoding
     def tower(self, side: str) -> nn.Module:
@@ -366,26 +399,16 @@ class BiEncoder(nn.Module):
                                 "logit_scale": logit_scale, "sentence_transformers_similarity": sim,
                                 "source": self.source, **(extra or {})}
         if self.settings.shared:
-            self._save_tower(path, "query", self.settings.passage_max_length)
-            _write_pooling(path / "1_Pooling", self.settings.pooling, self.hidden_size)
-            modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                       {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
-            modules += [{"idx": idx, "name": str(idx), "path": sub, "type": kind}
-                        for idx, (sub, kind) in enumerate(_save_head(path, self.query_head, ""), start=2)]
+            saved = self._save_pipeline(path, "query", "", self.settings.passage_max_length)
+            modules = [{"idx": idx, "name": str(idx), "path": sub, "type": kind}
+                       for idx, (sub, kind) in enumerate(saved)]
         else:
-            towers = {"query": "query_0_Transformer", "passage": "document_0_Transformer"}
-            for side, sub in towers.items():
-                self._save_tower(path / sub, side, self.settings.max_length(side))
-            for sub in ("query_1_Pooling", "document_1_Pooling"):
-                _write_pooling(path / sub, self.settings.pooling, self.hidden_size)
-            types = {name: f"sentence_transformers.models.{name.split('_')[-1]}" for name in
-                     ("query_0_Transformer", "query_1_Pooling", "document_0_Transformer", "document_1_Pooling")}
-            structure = {"query": ["query_0_Transformer", "query_1_Pooling"],
-                         "document": ["document_0_Transformer", "document_1_Pooling"]}
+            types, structure = {}, {}
             for route, side in (("query", "query"), ("document", "passage")):
-                for sub, kind in _save_head(path, self.head(side), f"{route}_"):
-                    types[sub] = kind
-                    structure[route].append(sub)
+                saved = self._save_pipeline(path, side, f"{route}_", self.settings.max_length(side))
+                types.update(saved)
+                structure[route] = [sub for sub, _ in saved]
+            towers = {"query": structure["query"][0], "passage": structure["document"][0]}
             atomic_write_json(path / "router_config.json", {
                 "types": types, "structure": structure,
                 "parameters": {"default_route": "document", "allow_empty_key": True}})
@@ -398,6 +421,22 @@ class BiEncoder(nn.Module):
             "default_prompt_name": None, "similarity_fn_name": sim})
         atomic_write_json(path / META_FILE, meta)
         return path
+
+    def _save_pipeline(self, path: Path, side: str, prefix: str, max_length: int) -> list[tuple[str, str]]:
+        """Write one side's modules in sentence-transformers' layout (Transformer + Pooling, or a StaticEmbedding,
+        then the head) under `path`, sub folders named with `prefix` (a Router's route); (sub folder, type) each."""
+        tower = self.tower(side)
+        if isinstance(tower, StaticTower):
+            sub = f"{prefix}0_{STATIC_KIND}" if prefix else ""
+            (path / sub).mkdir(parents=True, exist_ok=True)
+            tower.save_pretrained(path / sub)
+            base = [(sub, f"{type(tower.static).__module__}.{STATIC_KIND}")]
+        else:
+            sub, pooling = (f"{prefix}0_Transformer" if prefix else ""), f"{prefix}1_Pooling"
+            self._save_tower(path / sub, side, max_length)
+            _write_pooling(path / pooling, self.settings.pooling, _hidden_size(tower))
+            base = [(sub, "sentence_transformers.models.Transformer"), (pooling, "sentence_transformers.models.Pooling")]
+        return base + _save_head(path, self.head(side), prefix, start=len(base))
 
     def _save_tower(self, folder: Path, side: str, max_length: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -429,6 +468,8 @@ def _hidden_size(model: nn.Module) -> int:
 
 
 def _model_max_length(tokenizer, model) -> int:
+    if getattr(model, "max_tokens", None):   # a tower without position embeddings (StaticTower)
+        return int(model.max_tokens)
     limit = getattr(tokenizer, "model_max_length", None) or 512
     positions = getattr(model.config, "max_position_embeddings", None)
     if positions:
@@ -467,10 +508,11 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
 class STLayout:
     """Where a sentence-transformers pipeline keeps its parts (paths relative to the folder; "" = the root)."""
 
-    transformer: str
-    pooling: str
+    transformer: str              # the Transformer's path, or the StaticEmbedding's
+    pooling: str                  # "" for a StaticEmbedding, which pools itself
     head: list[tuple[str, str]]   # (module class name, path) of Dense / LayerNorm / Dropout after Pooling
     normalize: bool               # ends in Normalize (left to the scoring mode)
+    static: bool = False          # a StaticEmbedding in the Transformer + Pooling's place (models/static.py)
 
 
 def _module_kind(entry: dict[str, Any]) -> str | None:
@@ -487,15 +529,24 @@ def _st_layout(folder: Path, entries: list[dict[str, Any]]) -> STLayout:
         return ValueError(f"{folder}: sentence-transformers module {entry.get('type')!r} ({where}) {why}; "
                           f"magclip runs {ST_LAYOUT} (any other module: encode with sentence-transformers)")
 
+    if entries and _module_kind(entries[0]) == STATIC_KIND:   # pools itself: the head follows at once
+        head, normalize = _after_pooling(entries, 1, refuse)
+        return STLayout(str(entries[0].get("path") or ""), "", head, normalize, static=True)
     if not entries or _module_kind(entries[0]) != "Transformer":
-        raise refuse(entries[0] if entries else {}, "comes first, where a Transformer must")
+        raise refuse(entries[0] if entries else {}, "comes first, where a Transformer or a StaticEmbedding must")
     pooling_at = next((i for i, e in enumerate(entries) if _module_kind(e) == "Pooling"), None)
     if pooling_at is None:
         raise refuse(entries[-1], "ends the model without a Pooling module")
     if pooling_at != 1:
         raise refuse(entries[1], "sits between Transformer and Pooling, on the token embeddings")
+    head, normalize = _after_pooling(entries, 2, refuse)
+    return STLayout(str(entries[0].get("path") or ""), str(entries[1].get("path") or ""), head, normalize)
+
+
+def _after_pooling(entries: list[dict[str, Any]], start: int, refuse) -> tuple[list[tuple[str, str]], bool]:
+    """The head modules from `start` on, and whether a final Normalize ends them (refused otherwise)."""
     head, normalize = [], False
-    for i, entry in enumerate(entries[2:], start=2):
+    for i, entry in enumerate(entries[start:], start=start):
         kind = _module_kind(entry)
         if kind is None:
             raise refuse(entry, "is custom code, which magclip does not run")
@@ -507,7 +558,7 @@ def _st_layout(folder: Path, entries: list[dict[str, Any]]) -> STLayout:
             head.append((kind, str(entry.get("path", ""))))
         else:
             raise refuse(entry, "is not supported after Pooling")
-    return STLayout(str(entries[0].get("path") or ""), str(entries[1].get("path") or ""), head, normalize)
+    return head, normalize
 
 
 def _saved_layout(folder: Path, route: str, shared: bool) -> STLayout:
@@ -605,11 +656,11 @@ def _added_lowercase(tokenizer) -> bool:
     return _lowercases(tokenizer) and getattr(tokenizer, "do_lower_case", None) is not True
 
 
-def _save_head(folder: Path, head: PooledHead, prefix: str) -> list[tuple[str, str]]:
+def _save_head(folder: Path, head: PooledHead, prefix: str, start: int = 2) -> list[tuple[str, str]]:
     """Write each module after Pooling with its own `save` (sentence-transformers' layout: `2_Dense/`, ...);
     (sub folder, type) per module, for modules.json or router_config.json."""
     saved = []
-    for idx, module in enumerate(head, start=2):
+    for idx, module in enumerate(head, start=start):
         sub = f"{prefix}{idx}_{type(module).__name__}"
         (folder / sub).mkdir(parents=True, exist_ok=True)
         module.save(str(folder / sub), safe_serialization=True)
@@ -644,26 +695,84 @@ def _read_sentence_transformers_folder(folder: Path) -> dict[str, Any]:
         return {}
     modules = json.loads(modules_file.read_text())
     types = [m.get("type", "") for m in modules]
-    if any(t.endswith(("Router", "Asym")) for t in types):
-        raise ValueError(f"{folder} is a sentence-transformers Router model without {META_FILE}; not supported")
-    layout = _st_layout(folder, modules)
-    settings: dict[str, Any] = {"pooling": _pooling_mode(folder, layout.pooling)}
-    sbert = folder / layout.transformer / "sentence_bert_config.json"
-    sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
-    if sbert_cfg.get("max_seq_length"):
-        settings["query_max_length"] = settings["passage_max_length"] = int(sbert_cfg["max_seq_length"])
-    sim = "cosine"
+    if any(t.endswith("Asym") for t in types):
+        raise ValueError(f"{folder}: a sentence-transformers Asym model (replaced by Router in sentence-transformers "
+                         "5); not supported: save it again as a Router")
+    routes: dict[str, STLayout] = {}
+    if any(t.endswith("Router") for t in types):
+        if len(modules) != 1:
+            raise ValueError(f"{folder}/modules.json: a Router among other modules; magclip reads a Router alone "
+                             f"({ST_LAYOUT})")
+        routes = _router_routes(folder)
+        layout = routes["document"]
+        query = _route_settings(folder, routes["query"])
+        document = _route_settings(folder, layout)
+        if query["pooling"] != document["pooling"]:
+            raise ValueError(f"{folder}: the query route pools {query['pooling']!r}, the document route "
+                             f"{document['pooling']!r}; magclip pools both sides alike")
+        settings: dict[str, Any] = {"pooling": query["pooling"], "shared": False}
+        settings.update({f"{side}_max_length": part["max_length"] for side, part in
+                         (("query", query), ("passage", document)) if part.get("max_length")})
+    else:
+        layout = _st_layout(folder, modules)
+        route = _route_settings(folder, layout)
+        settings = {"pooling": route["pooling"]}
+        if route.get("max_length"):
+            settings["query_max_length"] = settings["passage_max_length"] = route["max_length"]
+    sim = None
     st_cfg = folder / "config_sentence_transformers.json"
     if st_cfg.is_file():
         cfg = json.loads(st_cfg.read_text())
         prompts = cfg.get("prompts") or {}
         settings["query_prefix"] = prompts.get("query", "")
         settings["passage_prefix"] = prompts.get("document", prompts.get("passage", ""))
-        sim = cfg.get("similarity_fn_name") or "cosine"
-    mode = "cosine" if layout.normalize or sim == "cosine" else ("dot" if sim == "dot" else "cosine")
-    gammas = {"cosine": (1.0, 1.0), "dot": (0.0, 0.0)}[mode]
-    return {"settings": settings, "scorer": {"mode": mode, "gamma_q": gammas[0], "gamma_d": gammas[1]},
-            "normalize": layout.normalize, "layout": layout}
+        sim = cfg.get("similarity_fn_name")
+    # a Router: the documents' normalization decides each query's ranking (query scaling never does)
+    scorer, refusal = folder_scorer(sim, layout.normalize, st_cfg)
+    return {"settings": settings, "scorer": scorer, "similarity_refusal": refusal,
+            "normalize": layout.normalize, "layout": layout, **({"routes": routes} if routes else {})}
+
+
+def _router_routes(folder: Path) -> dict[str, STLayout]:
+    """The layouts of a Router's "query" and "document" routes (router_config.json), each checked as a folder's
+    modules are; a Router without both routes is refused naming them."""
+    config_file = folder / "router_config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{folder}: a Router without router_config.json")
+    router = json.loads(config_file.read_text())
+    structure, types = router.get("structure") or {}, router.get("types") or {}
+    if not {"query", "document"} <= set(structure):
+        raise ValueError(f"{config_file}: routes {sorted(structure)}; magclip reads a Router with the routes "
+                         "'query' and 'document' (sentence-transformers' encode_query / encode_document)")
+    return {route: _st_layout(folder, [{"type": types.get(sub, ""), "path": sub} for sub in structure[route]])
+            for route in ("query", "document")}
+
+
+def _route_settings(folder: Path, layout: STLayout) -> dict[str, Any]:
+    """Pooling and max length of one pipeline: a StaticEmbedding means over all its tokens, untruncated."""
+    if layout.static:
+        return {"pooling": "mean", "max_length": NO_LIMIT}
+    sbert = folder / layout.transformer / "sentence_bert_config.json"
+    sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
+    return {"pooling": _pooling_mode(folder, layout.pooling),
+            "max_length": int(sbert_cfg["max_seq_length"]) if sbert_cfg.get("max_seq_length") else None}
+
+
+def _load_tower(folder: Path, layout: STLayout, hf_kwargs: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """(tower, tokenizer) of one pipeline: a transformers encoder, or a StaticEmbedding as a StaticTower."""
+    where = folder / layout.transformer
+    if layout.static:
+        tower = load_static_tower(where)
+        return tower, static_tokenizer(tower)
+    return _load_encoder(where, hf_kwargs), _load_tokenizer(where)
+
+
+def _check_static_pooling(model: BiEncoder) -> None:
+    """A StaticEmbedding means its tokens: another pooling would give vectors sentence-transformers never makes."""
+    static = any(isinstance(model.tower(side), StaticTower) for side in SIDES)
+    if static and model.settings.pooling != "mean":
+        raise ValueError(f"{model.source}: a StaticEmbedding model pools by the mean of its tokens; "
+                         f"pooling={model.settings.pooling!r} is not what sentence-transformers runs")
 
 
 def _write_pooling(folder: Path, pooling: str, dim: int) -> None:

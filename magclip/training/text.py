@@ -68,6 +68,9 @@ def load_encoder(cfg: TextModelConfig) -> BiEncoder:
                                     passage_max_length=cfg.passage_max_length, shared=cfg.shared)
     if cfg.grad_checkpointing:
         for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
+            if not hasattr(tower, "gradient_checkpointing_enable"):   # a StaticEmbedding table has no layers
+                raise ConfigError(f"model.grad_checkpointing: {cfg.name} has a {type(tower).__name__} tower, "
+                                  "which has no layers to checkpoint; set model.grad_checkpointing=false")
             tower.gradient_checkpointing_enable()
     return enc
 
@@ -99,7 +102,7 @@ class TextTrainModule(TrainModule):
 def load_records(cfg: TextDataConfig):
     """(records, read-time skips, the columns each file's records came from: results.json's train_columns)."""
     if cfg.train is not None:
-        read = read_pairs_with_columns(cfg.train, cfg.max_records)
+        read = read_pairs_with_columns(cfg.train, cfg.max_records, cfg.train_split)
         return read.records, read.skipped, read.columns
     rows = beir_to_pairs(cfg.beir, cfg.beir_split, random_negatives=cfg.random_negatives)
     if cfg.max_records is not None:

@@ -61,7 +61,9 @@ def beir_reading(folder: Path, split: str = "test"):
 
 EXPECTED_REPORT = {"duplicate_doc_ids": 2, "duplicate_doc_ids_changed": 1, "duplicate_doc_ids_judged": 1,
                    "duplicate_doc_ids_judged_first": ["d1"], "duplicate_query_ids": 1,
-                   "duplicate_query_ids_first": ["q2"], "unjudged_queries": 1, "unjudged_query_ids_first": ["q3"]}
+                   "duplicate_query_ids_first": ["q2"], "unjudged_queries": 1, "unjudged_query_ids_first": ["q3"],
+                   "repeated_qrels": 0, "repeated_qrels_changed": 0, "repeated_qrels_first": [],
+                   "queries_all_zero": 0, "queries_all_zero_ids_first": []}
 
 
 def test_the_folder_is_read_as_beir_reads_it_and_the_reading_is_reported(tmp_path, caplog):

@@ -82,7 +82,7 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "world.json").read_text()) == {"world_size": 2}
-    two = torch.load(out / "weights.pt")
+    two = torch.load(out / "weights.pt", weights_only=True)
     assert_same_weights(one, two)
 
 

@@ -51,7 +51,7 @@ def compared(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
     for nproc in (2, 4):
         proc = launch(nproc, "compare", str(out), str(decoder))
         assert proc.returncode == 0, proc.stderr[-4000:]
-        records[nproc] = torch.load(out / f"{nproc}.pt", weights_only=False)
+        records[nproc] = torch.load(out / f"{nproc}.pt", weights_only=True)
         assert records[nproc]["world_size"] == nproc
     return out, records
 
@@ -83,7 +83,7 @@ def test_a_checkpoint_of_4_processes_resumes_at_2_and_1(compared, tmp_path, npro
     assert json.loads((checkpoint / "world.json").read_text())["world_size"] == 4
     proc = launch(nproc, "resume", str(tmp_path), str(checkpoint))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    resumed = torch.load(tmp_path / f"resumed_{nproc}.pt", weights_only=False)
+    resumed = torch.load(tmp_path / f"resumed_{nproc}.pt", weights_only=True)
     assert resumed["world_size"] == nproc and resumed["step"] == 5
     assert max_diff(resumed["weights"], records[4]["clip_fsdp"]["weights"]) == 0.0
     assert max_diff(flat(resumed["optimizer"]), flat(records[4]["clip_fsdp_optimizer"])) == 0.0
@@ -115,7 +115,7 @@ def test_a_kill_during_the_sharded_save_leaves_the_previous_checkpoint(tmp_path)
     assert not (ckpt / ".tmp_step_00000003").exists()
     resumed = launch(2, "resume", str(tmp_path), str(latest_step(ckpt)))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert torch.load(tmp_path / "resumed_2.pt", weights_only=False)["step"] == 2
+    assert torch.load(tmp_path / "resumed_2.pt", weights_only=True)["step"] == 2
 
 
 def test_the_main_job_under_fsdp_end_to_end(tmp_path):
