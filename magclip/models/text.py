@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from magclip.config import POOLINGS
+from magclip.distributed import Share
 from magclip.io import atomic_write_json, load_error
 
 log = logging.getLogger("magclip.text")
@@ -323,13 +324,17 @@ class BiEncoder(nn.Module):
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, device: str | torch.device | None = None,
-               progress: bool = False, autocast_dtype: torch.dtype | None = None) -> Tensor:
+               progress: bool = False, autocast_dtype: torch.dtype | None = None, share: Share = Share()) -> Tensor | None:
         """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length. The forward
         runs under autocast to `autocast_dtype` (else `self.encode_dtype`) when one is given, else in the
-        caller's precision (a training run's evaluation runs under its `eval.precision`)."""
+        caller's precision (a training run's evaluation runs under its `eval.precision`).
+
+        With a sharded `share` (a sharded model; every rank calls this with the same texts) each rank encodes its
+        share of the same batches, padded to as many forwards as the others run, and the leading rank gets every
+        row (the others None): the very batches one process encodes, so the same numbers."""
         side = _side(side)
         autocast_dtype = autocast_dtype or self.encode_dtype
-        if device is not None:
+        if device is not None and not share.sharded:
             self.to(device)
         was_training = self.training
         self.eval()
@@ -337,21 +342,32 @@ class BiEncoder(nn.Module):
         encoded = self.tokenize(texts, side, padding=False)
         ids = encoded["input_ids"]
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
         dev = self.device
-        batches = range(0, len(order), batch_size)
+        starts = list(range(0, len(order), batch_size))
+        mine = [b for b in range(len(starts)) if share.owns(b)]
+        padding = [mine[-1] if mine else 0] * share.padding(len(starts)) if starts else []
+        batches = [*mine, *[-1 - b for b in padding]]  # a repeated forward, its rows dropped: negative
         if progress:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=f"encode {side} texts", dynamic_ncols=True)
-        for start in batches:
+        rows: dict[int, Tensor] = {}
+        for b in batches:
+            start = starts[-1 - b if b < 0 else b]
             idx = order[start:start + batch_size]
             feats = [{k: encoded[k][i] for k in encoded} for i in idx]
             batch = tokenizer.pad(feats, return_tensors="pt")
             with (torch.autocast(device_type=dev.type, dtype=autocast_dtype) if autocast_dtype is not None
                   else nullcontext()):
-                emb = self.encode_tokens(batch, side)
-            out[torch.tensor(idx)] = emb.float().cpu()
+                emb = self.encode_tokens(batch, side).float().cpu()
+            if b >= 0:
+                rows[b] = emb
         self.train(was_training)
+        gathered = share.gather_rows(rows)
+        if gathered is None:
+            return None
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
+        for start, emb in zip(starts, gathered):
+            out[torch.tensor(order[start:start + batch_size])] = emb
         return out
 
     # ------------------------------------------------------------------ saving

@@ -27,6 +27,7 @@ from magclip.config import (
     to_dict,
 )
 from magclip.data.beir import beir_to_pairs
+from magclip.distributed import Share
 from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
@@ -45,6 +46,7 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.sharding import evaluation_precision, evaluation_share
 from magclip.training.start_cache import cached_start, start_key, store_start
 from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.training.threads import use_threads
@@ -174,16 +176,21 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
 
     eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
 
-    eval_precision = evaluation_autocast(cfg.eval.precision, accelerator.device)[1]
+    share = evaluation_share(cfg.train.sharding, accelerator)  # under fsdp every rank encodes its share
+    precision = evaluation_precision(cfg.eval.precision, share, accelerator)
+    eval_precision = evaluation_autocast(precision, accelerator.device)[1]
     if eval_sets:
         log.info("evaluation precision: %s", eval_precision)
 
-    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
-        with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # the same before and after training
-            metrics = evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
-        if step > 0:
+    def evaluate_with(m: TextTrainModule, step: int, share: Share) -> dict[str, float]:
+        with evaluation_autocast(precision, accelerator.device)[0]:   # the same before and after training
+            metrics = evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device, share)
+        if step > 0 and accelerator.is_main_process:
             write_step_evaluation(run_dir, step, metrics)
         return metrics
+
+    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
+        return evaluate_with(m, step, share)
 
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
         m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
@@ -194,7 +201,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     def evaluate_start() -> RetrievalMetrics:
         module.eval()
         with torch.no_grad():
-            return evaluate(module, 0)
+            return evaluate_with(module, 0, Share())  # the main process, before the model is sharded
 
     zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start) \
         if cfg.eval.at_start and accelerator.is_main_process else ({}, None)
@@ -211,7 +218,8 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     final = engine.unwrapped
     ckpt = latest_checkpoint(engine)
     results = {
-        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
+        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt),
+        "final_model": str(ckpt / "model") if (ckpt / "model").is_dir() else None,  # None: train.save_full_model=never
         "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "train_columns": train_columns,

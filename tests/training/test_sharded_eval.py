@@ -1,0 +1,70 @@
+"""train.sharding=fsdp evaluates on every rank with the sharded model: a 2-process run's validation record (CLIP
+retrieval; text BEIR + STS through the text task's evaluation) equals the evaluation of the consolidated model on one
+process, feature for feature; train.save_full_model decides which checkpoints hold the model files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from builders import free_port, make_tiny_decoder
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("sharded_eval_ranks.py")
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("sharded_eval")
+    decoder = make_tiny_decoder(out / "decoder")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "EXPECTED_WORLD_SIZE": "2"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(WORKER), "run", str(out), str(decoder)],
+                          env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    record = torch.load(out / "eval.pt", weights_only=False)
+    assert record["world_size"] == 2
+    return out, record
+
+
+def without_timings(metrics: dict) -> dict:
+    """The numbers but the wall times, NaN (a length bin too small to score) as a string so that it equals itself."""
+    return {k: "nan" if v != v else v for k, v in metrics.items() if not k.endswith("_s")}
+
+
+def test_the_sharded_clip_validation_equals_one_process(sharded_run):
+    record = sharded_run[1]
+    sharded, alone = record["clip_sharded_features"], record["clip_one_process_features"]
+    assert sharded["keys"] == alone["keys"] == [str(i) for i in range(18)]  # in order, each once
+    assert torch.equal(sharded["image_features"], alone["image_features"])
+    assert torch.equal(sharded["text_features"], alone["text_features"])
+    assert record["clip_val"] == record["clip_one_process"]
+    assert record["clip_val"]["num_samples"] == 18 and 0 < record["clip_val"]["image_to_text_R@1"] <= 1
+
+
+def test_the_sharded_text_evaluation_equals_one_process(sharded_run):
+    record = sharded_run[1]
+    val, alone = without_timings(record["text_val"]), without_timings(record["text_one_process"])
+    assert val == alone
+    assert val["toy/queries"] == 18 and val["toy/docs"] == 18 and val["toysts/pairs"] == 18
+    assert 0 < val["toy/ndcg@10"] <= 1
+
+
+def test_save_full_model_last_and_never(sharded_run):
+    out = sharded_run[0]
+    clip, text = out / "clip" / "checkpoints", out / "text" / "checkpoints"
+    assert not (clip / "step_00000001" / "model.pt").exists() and (clip / "step_00000002" / "model.pt").is_file()
+    for step in ("step_00000001", "step_00000002"):
+        assert (clip / step / "sharded" / ".metadata").is_file() and (text / step / "sharded" / ".metadata").is_file()
+        assert not (text / step / "model.pt").exists()
+
+
+def test_save_full_model_is_checked():
+    from magclip.config import ConfigError, TrainConfig, _check_train
+
+    with pytest.raises(ConfigError, match="train.save_full_model='sometimes'; allowed: every, last, never"):
+        _check_train(TrainConfig(sharding="fsdp", save_full_model="sometimes"))
