@@ -82,6 +82,13 @@ class CLIPTrainModule(TrainModule):
         return state
 
 
+def checkpoint_meta(m: CLIPTrainModule, cfg: RunConfig) -> dict[str, Any]:
+    """magclip.json of a step folder: the trained Scorers, temperature and the run's config beside the weights."""
+    bias = m.logit_bias.value if m.logit_bias is not None else None
+    return {"model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
+            "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)}
+
+
 def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
     """Scorers per direction from the config (`resolve_specs`' training rule: one exponent pair for the
     free modes); learnable directions may share one exponent pair. `loss.type=siglip`: the sigmoid loss
@@ -227,9 +234,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
         bias = m.logit_bias.value if m.logit_bias is not None else None
         save_open_clip_folder(m.clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
-        atomic_write_json(step_dir / CHECKPOINT_META, {
-            "model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
-            "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)})
+        atomic_write_json(step_dir / CHECKPOINT_META, checkpoint_meta(m, cfg))
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,

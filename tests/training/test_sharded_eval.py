@@ -68,3 +68,45 @@ def test_save_full_model_is_checked():
 
     with pytest.raises(ConfigError, match="train.save_full_model='sometimes'; allowed: every, last, never"):
         _check_train(TrainConfig(sharding="fsdp", save_full_model="sometimes"))
+
+
+def consolidate_command(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "consolidate.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_sharded_clip_step_consolidates_offline_as_the_run_writes_it(sharded_run, tmp_path):
+    """The last step's shards, consolidated on one process, equal bit for bit what the run's own writer makes of the
+    gathered weights (open_clip's file, its config and magclip.json), and open in open_clip; a step folder without
+    model files (save_full_model=last) gets them in place, and a second time is refused in one line."""
+    import open_clip
+    from safetensors.torch import load_file
+
+    from magclip.config import RunConfig, from_dict
+    from magclip.models.clip import CHECKPOINT_META, OPEN_CLIP_CONFIG, WEIGHTS_FILE, create_clip, save_open_clip_folder
+    from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss, checkpoint_meta
+
+    out, record = sharded_run
+    steps = out / "clip" / "checkpoints"
+    proc = consolidate_command(str(steps / "step_00000002"), "--out", str(tmp_path / "offline"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = from_dict(RunConfig, __import__("yaml").safe_load((steps / "step_00000002" / "config.yaml").read_text()))
+    module = CLIPTrainModule(create_clip("tiny-vit").model, build_loss(cfg.loss), build_logit_scale(cfg.loss))
+    module.load_state_dict(record["clip_weights"])
+    save_open_clip_folder(module.clip, tmp_path / "run", "tiny-vit", logit_scale=module.logit_scale.value)
+    offline, own = load_file(tmp_path / "offline" / WEIGHTS_FILE), load_file(tmp_path / "run" / WEIGHTS_FILE)
+    assert offline.keys() == own.keys() and all(torch.equal(offline[k], own[k]) for k in own)
+    assert (tmp_path / "offline" / OPEN_CLIP_CONFIG).read_text() == (tmp_path / "run" / OPEN_CLIP_CONFIG).read_text()
+    meta = __import__("json").loads((tmp_path / "offline" / CHECKPOINT_META).read_text())
+    assert meta == __import__("json").loads(__import__("json").dumps(checkpoint_meta(module, cfg)))
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{tmp_path / 'offline'}")
+    assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items() if k in own)
+    assert "MB held at once" in proc.stdout
+
+    first = steps / "step_00000001"
+    assert not (first / WEIGHTS_FILE).exists()
+    assert consolidate_command(str(first)).returncode == 0
+    model, _, _ = open_clip.create_model_and_transforms("tiny-vit", pretrained=str(first / WEIGHTS_FILE))
+    again = consolidate_command(str(first))
+    assert again.returncode == 2 and "Traceback" not in again.stderr and "exists already" in again.stderr
