@@ -251,6 +251,9 @@ class Share:
         return box[0]
 
 
+ONE_PROCESS = Share()  # the share of an evaluation on one process: every batch
+
+
 # ---------------------------------------------------------------------------- the ranks of a run, and losing one
 #
 # A multi-node run fails as a whole when one rank is lost (killed, frozen, cut off): the others'

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from magclip.cli.consolidate import console, main  # noqa: E402,F401  (main: for callers)
+from magclip.cli.consolidate import console, main  # noqa: F401  (main: for callers)
 
 if __name__ == "__main__":
     console()

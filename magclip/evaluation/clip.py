@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from magclip.diagnostics.specificity import specificity_metrics
-from magclip.distributed import Share
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.metrics.ranks import DIRECTIONS, RetrievalMetrics, items_digest
 from magclip.metrics.relevance import clip_relevance
 from magclip.metrics.retrieval import retrieval_metrics
@@ -35,7 +35,7 @@ from magclip.similarity import Scorer
 
 @torch.no_grad()
 def encode_loader(clip: RawCLIP, loader: Iterable[dict], device: torch.device | str,
-                  allow_empty: bool = False, share: Share = Share()) -> dict[str, Any] | None:
+                  allow_empty: bool = False, share: Share = ONE_PROCESS) -> dict[str, Any] | None:
     """Raw features of every sample in `loader`, in loader order: the one CLIP encoding loop of
     evaluation (training validation, zero-shot, diagnostics). A batch holds "images" and, unless it is
     image-only, "texts" (token ids); its other per-sample lists ("keys", "captions", "labels", ...)
@@ -134,7 +134,8 @@ def caption_items(keys: Sequence[str], counts: Sequence[int] | None) -> list[str
 
 
 def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device, *,
-                       matching: str = "caption", tokenizer=None, share: Share = Share()) -> RetrievalMetrics | None:
+                       matching: str = "caption", tokenizer=None,
+                       share: Share = ONE_PROCESS) -> RetrievalMetrics | None:
     """`retrieval_from_features` of every sample of a loader, plus the samples it skipped; the
     per-query ranks carry a digest of the loader's keys (so only runs on the same items pair up).
     With the `tokenizer`, captions longer than the text tower's context are counted (`long_captions`).

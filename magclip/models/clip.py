@@ -450,7 +450,8 @@ def save_open_clip_folder(model: nn.Module, folder: str | Path, model_name: str,
     return weights
 
 
-def save_open_clip_config(model: nn.Module, folder: str | Path, model_name: str, logit_bias: float | None = None) -> Path:
+def save_open_clip_config(model: nn.Module, folder: str | Path, model_name: str,
+                          logit_bias: float | None = None) -> Path:
     """open_clip_config.json of `save_open_clip_folder` (the model's structure suffices: a meta-device one too)."""
     from open_clip.push_to_hf_hub import save_config_for_hf  # open_clip's writer of the hub layout
 

@@ -41,7 +41,7 @@ import importlib.util
 import json
 import logging
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from magclip.config import POOLINGS
-from magclip.distributed import Share
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.io import atomic_write_json, load_error
 
 log = logging.getLogger("magclip.text")
@@ -324,7 +324,8 @@ class BiEncoder(nn.Module):
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, device: str | torch.device | None = None,
-               progress: bool = False, autocast_dtype: torch.dtype | None = None, share: Share = Share()) -> Tensor | None:
+               progress: bool = False, autocast_dtype: torch.dtype | None = None,
+               share: Share = ONE_PROCESS) -> Tensor | None:
         """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length. The forward
         runs under autocast to `autocast_dtype` (else `self.encode_dtype`) when one is given, else in the
         caller's precision (a training run's evaluation runs under its `eval.precision`).
@@ -350,7 +351,8 @@ class BiEncoder(nn.Module):
         if progress:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=f"encode {side} texts", dynamic_ncols=True)
-        rows: dict[int, Tensor] = {}
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32) if share.leads else None
+        rows: dict[int, Tensor] = {}  # sharded: this rank's batches, gathered on the leading rank below
         for b in batches:
             start = starts[-1 - b if b < 0 else b]
             idx = order[start:start + batch_size]
@@ -359,21 +361,27 @@ class BiEncoder(nn.Module):
             with (torch.autocast(device_type=dev.type, dtype=autocast_dtype) if autocast_dtype is not None
                   else nullcontext()):
                 emb = self.encode_tokens(batch, side).float().cpu()
-            if b >= 0:
+            if b >= 0 and share.sharded:
                 rows[b] = emb
+            elif b >= 0:
+                out[torch.tensor(idx)] = emb
         self.train(was_training)
+        if not share.sharded:
+            return out
         gathered = share.gather_rows(rows)
         if gathered is None:
             return None
-        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
         for start, emb in zip(starts, gathered):
             out[torch.tensor(order[start:start + batch_size])] = emb
         return out
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, path: str | Path, scorer: dict[str, Any] | None = None,
-                        logit_scale: float | None = None, extra: dict[str, Any] | None = None) -> Path:
-        """Write a folder that `BiEncoder.from_pretrained` and `SentenceTransformer(path)` both load."""
+                        logit_scale: float | None = None, extra: dict[str, Any] | None = None,
+                        tower_weights: Callable[[nn.Module, Path], None] | None = None) -> Path:
+        """Write a folder that `BiEncoder.from_pretrained` and `SentenceTransformer(path)` both load.
+        `tower_weights(tower, folder)`: how a tower's config.json and weights are written (default: its own
+        `save_pretrained`; an offline consolidation streams them from shards, magclip.training.consolidate)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         scorer = dict(scorer or self.default_scorer)
@@ -382,7 +390,7 @@ class BiEncoder(nn.Module):
                                 "logit_scale": logit_scale, "sentence_transformers_similarity": sim,
                                 "source": self.source, **(extra or {})}
         if self.settings.shared:
-            self._save_tower(path, "query", self.settings.passage_max_length)
+            self._save_tower(path, "query", self.settings.passage_max_length, tower_weights)
             _write_pooling(path / "1_Pooling", self.settings.pooling, self.hidden_size)
             modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
@@ -391,7 +399,7 @@ class BiEncoder(nn.Module):
         else:
             towers = {"query": "query_0_Transformer", "passage": "document_0_Transformer"}
             for side, sub in towers.items():
-                self._save_tower(path / sub, side, self.settings.max_length(side))
+                self._save_tower(path / sub, side, self.settings.max_length(side), tower_weights)
             for sub in ("query_1_Pooling", "document_1_Pooling"):
                 _write_pooling(path / sub, self.settings.pooling, self.hidden_size)
             types = {name: f"sentence_transformers.models.{name.split('_')[-1]}" for name in
@@ -415,10 +423,14 @@ class BiEncoder(nn.Module):
         atomic_write_json(path / META_FILE, meta)
         return path
 
-    def _save_tower(self, folder: Path, side: str, max_length: int) -> None:
+    def _save_tower(self, folder: Path, side: str, max_length: int,
+                    tower_weights: Callable[[nn.Module, Path], None] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         tokenizer = self.tokenizer_for(side)
-        self.tower(side).save_pretrained(str(folder), safe_serialization=True)
+        if tower_weights is not None:
+            tower_weights(self.tower(side), folder)
+        else:
+            self.tower(side).save_pretrained(str(folder), safe_serialization=True)
         tokenizer.save_pretrained(str(folder))
         atomic_write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_length,
                                                                  "do_lower_case": _added_lowercase(tokenizer)})
@@ -455,6 +467,9 @@ def _model_max_length(tokenizer, model) -> int:
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what transformers reads from a folder, in its order
 
 
+STRUCTURE_ONLY = "structure_only"  # BiEncoder.from_pretrained(..., structure_only=True): towers on the meta device
+
+
 def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     """`AutoModel.from_pretrained`, whose refusal of an unsafe weights file, and whose failure on a truncated
     or foreign one (a bare SafetensorError or zip-reader error), become one error naming the weights file.
@@ -470,6 +485,11 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     if not {"dtype", "torch_dtype"} & set(hf_kwargs):   # the keyword is `torch_dtype` before 4.56
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         hf_kwargs = {**hf_kwargs, dtype_key: torch.float32}
+    if hf_kwargs.pop(STRUCTURE_ONLY, False):  # the structure on the meta device, no weights read (consolidation)
+        from transformers import AutoConfig
+
+        with torch.device("meta"):
+            return AutoModel.from_config(AutoConfig.from_pretrained(str(path)), **hf_kwargs)
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:

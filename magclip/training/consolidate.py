@@ -18,9 +18,10 @@ is read back by safetensors' own reader in the tests, and opened by open_clip.
     magclip-consolidate RUN/checkpoints/step_00000500              # open_clip's files into the step folder
     python tools/consolidate.py RUN/checkpoints/step_00000500 --out exported/  # elsewhere
 
-A CLIP run's step folder gets what `train.save_full_model=every` writes there: open_clip_model.safetensors,
+A step folder gets what `train.save_full_model=every` writes there. A CLIP run's: open_clip_model.safetensors,
 open_clip_config.json and magclip.json (`open_clip.create_model_and_transforms(name, pretrained=FILE)` or
-`"local-dir:" + folder` load it).
+`"local-dir:" + folder` load it). A text run's: `model/`, the sentence-transformers folder (`SentenceTransformer`
+and `BiEncoder.from_pretrained` load it), each tower's weights as the model.safetensors transformers writes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from magclip.config import RunConfig, from_dict
+from magclip.config import RunConfig, TextRunConfig, from_dict
 from magclip.io import atomic_write_json, atomic_write_with
 from magclip.training.checkpoints import saved_config
 from magclip.training.sharding import SHARDED_DIR
@@ -159,13 +160,20 @@ def consolidate(step: str | Path, out: str | Path | None = None) -> Consolidated
     raw, source = found
     if any(name.startswith("clip.clip.") for name in checkpoint.tensors):
         return _consolidate_clip(checkpoint, from_dict(RunConfig, raw, str(source)), Path(out or checkpoint.step))
-    raise ValueError(f"{checkpoint.folder}: a text run's checkpoint; consolidating it offline is not supported yet "
-                     "(train.save_full_model=last writes its sentence-transformers folder at the end of the run)")
+    if any(name.startswith("encoder.") for name in checkpoint.tensors):
+        return _consolidate_text(checkpoint, from_dict(TextRunConfig, raw, str(source)), Path(out or checkpoint.step))
+    raise ValueError(f"{checkpoint.folder} holds neither a CLIP model (clip.clip.*) nor a text encoder (encoder.*)")
 
 
 def _consolidate_clip(checkpoint: ShardedCheckpoint, cfg: RunConfig, out: Path) -> Consolidated:
     from magclip.models.clip import CHECKPOINT_META, WEIGHTS_FILE, create_clip, save_open_clip_config
-    from magclip.training.clip import CLIPTrainModule, build_logit_bias, build_logit_scale, build_loss, checkpoint_meta
+    from magclip.training.clip import (
+        CLIPTrainModule,
+        build_logit_bias,
+        build_logit_scale,
+        build_loss,
+        checkpoint_meta,
+    )
 
     weights = out / WEIGHTS_FILE
     if weights.exists():
@@ -198,3 +206,47 @@ def _consolidate_clip(checkpoint: ShardedCheckpoint, cfg: RunConfig, out: Path) 
     log.info("consolidated %s into %s: %d tensors, %.1f MB; at most %.1f MB held at once", checkpoint.folder, weights,
              len(entries), total / 2**20, largest / 2**20)
     return Consolidated(out, weights, len(entries), total, largest)
+
+
+def _consolidate_text(checkpoint: ShardedCheckpoint, cfg: TextRunConfig, out: Path) -> Consolidated:
+    from magclip.models.text import STRUCTURE_ONLY
+    from magclip.training.text import (
+        MODEL_DIR,
+        TextTrainModule,
+        build_logit_scale,
+        build_loss,
+        load_encoder,
+        save_text_model,
+    )
+
+    if (out / MODEL_DIR).exists():
+        raise FileExistsError(f"{out / MODEL_DIR} exists already: the step folder holds its model files (pass --out to "
+                              "write them elsewhere)")
+    encoder = load_encoder(cfg.model, **{STRUCTURE_ONLY: True})  # towers on the meta device; tokenizers, heads read
+    module = TextTrainModule(encoder, build_loss(cfg), build_logit_scale(cfg.loss))
+    towers = {id(encoder.query_model): "encoder.query_model."}
+    if encoder.passage_model is not None:
+        towers[id(encoder.passage_model)] = "encoder.passage_model."
+    for name, part in module.named_children():   # the loss, the scale and the heads after pooling: small, loaded whole
+        if name != "encoder":
+            checkpoint.load_into(part, f"{name}.")
+    for name in ("query_head", "passage_head"):
+        if getattr(encoder, name, None) is not None:
+            checkpoint.load_into(getattr(encoder, name), f"encoder.{name}.")
+    written: list[tuple[Path, int, int, int]] = []
+
+    def tower_weights(tower: nn.Module, folder: Path) -> None:
+        """config.json as transformers writes it, and the tower's tensors streamed from the shards."""
+        prefix = towers[id(tower)]
+        folder.mkdir(parents=True, exist_ok=True)
+        tower.config.save_pretrained(str(folder))
+        entries = [checkpoint.entry(prefix + name, name) for name in tower.state_dict()]
+        largest = stream_safetensors(folder / "model.safetensors", entries, lambda e: checkpoint.load(prefix + e.name),
+                                     {"format": "pt"})  # transformers reads only files that say so
+        written.append((folder / "model.safetensors", len(entries), sum(e.nbytes for e in entries), largest))
+
+    folder = save_text_model(module, cfg, out, tower_weights)
+    log.info("consolidated %s into %s: %s", checkpoint.folder, folder,
+             "; ".join(f"{w}: {n} tensors, {b / 2**20:.1f} MB" for w, n, b, _ in written))
+    return Consolidated(folder, written[0][0], sum(w[1] for w in written), sum(w[2] for w in written),
+                        max(w[3] for w in written))

@@ -198,8 +198,8 @@ class Engine:
                                    else f"fsdp ({accelerator.num_processes} processes; parameters, gradients and "
                                         "optimizer state sharded)")
         if cfg.sharding == "ddp" and cfg.save_full_model != "every":
-            log.info("train.save_full_model=%s applies to fsdp: under ddp every checkpoint writes the model files (each "
-                     "process holds the whole model: writing it gathers nothing)", cfg.save_full_model)
+            log.info("train.save_full_model=%s applies to fsdp: under ddp every checkpoint writes the model files "
+                     "(each process holds the whole model: writing it gathers nothing)", cfg.save_full_model)
         groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
         impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)

@@ -27,8 +27,8 @@ from magclip.config import (
     to_dict,
 )
 from magclip.data.beir import beir_to_pairs
-from magclip.distributed import Share
 from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
+from magclip.distributed import Share
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
 from magclip.models.text import BiEncoder, resolve_model_path
@@ -53,6 +53,7 @@ from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.text")
 START_KEY = "zero_shot"   # results.json's evaluation of the model before training (eval.at_start)
+MODEL_DIR = "model"       # a step folder's sentence-transformers folder
 EVALS_DIR = "evals"       # evals/step_N.json: the evaluations after step N (train.val_at, val_every, the last)
 
 
@@ -63,10 +64,10 @@ def build_logit_scale(cfg: TextLossConfig) -> LogitScale:
                                cosine_scale=cfg.cosine_scale)
 
 
-def load_encoder(cfg: TextModelConfig) -> BiEncoder:
+def load_encoder(cfg: TextModelConfig, **hf_kwargs) -> BiEncoder:
     enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
                                     passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
-                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared)
+                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared, **hf_kwargs)
     if cfg.grad_checkpointing:
         for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
             tower.gradient_checkpointing_enable()
@@ -94,6 +95,20 @@ class TextTrainModule(TrainModule):
 
 
 
+
+
+def save_text_model(m: TextTrainModule, cfg: TextRunConfig, step_dir: Path, tower_weights=None) -> Path:
+    """A step folder's `model/`: the sentence-transformers folder with the trained scorer and scale (`tower_weights`:
+    BiEncoder.save_pretrained's, for an offline consolidation)."""
+    return m.encoder.save_pretrained(step_dir / MODEL_DIR, scorer=m.loss.scorer.to_dict(),
+                                     logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)},
+                                     tower_weights=tower_weights)
+
+
+def build_loss(cfg: TextRunConfig) -> RetrievalLoss:
+    scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
+    return RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight, cfg.loss.d2q_weight,
+                         local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
 
 
 # ---------------------------------------------------------------------------- training
@@ -151,10 +166,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
-    scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
-    loss = RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
-                         cfg.loss.d2q_weight, local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
-    module = TextTrainModule(encoder, loss, build_logit_scale(cfg.loss)).to(accelerator.device)
+    module = TextTrainModule(encoder, build_loss(cfg), build_logit_scale(cfg.loss)).to(accelerator.device)
 
     def make_loader(epoch: int) -> PairBatches:
         return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
@@ -193,8 +205,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         return evaluate_with(m, step, share)
 
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
-        m.encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
-                                  logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
+        save_text_model(m, cfg, step_dir)
 
     write_run_config(cfg, run_dir, accelerator)
 
@@ -219,7 +230,8 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     ckpt = latest_checkpoint(engine)
     results = {
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt),
-        "final_model": str(ckpt / "model") if (ckpt / "model").is_dir() else None,  # None: train.save_full_model=never
+        # None where the last checkpoint holds the shards alone (train.save_full_model=never: magclip-consolidate)
+        "final_model": str(ckpt / MODEL_DIR) if (ckpt / MODEL_DIR).is_dir() else None,
         "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "train_columns": train_columns,

@@ -11,7 +11,7 @@ from magclip.data.beir import BeirData, load_beir
 from magclip.data.qa import QAData, load_qa
 from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import flat_length_metrics
-from magclip.distributed import Share
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.evaluation.rag import evaluate_rag
 from magclip.evaluation.sharded import shared_text_encoding
 from magclip.evaluation.text import (
@@ -55,7 +55,7 @@ class TextEvalSets:
 
 
 def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig,
-                       device=None, share: Share = Share()) -> RetrievalMetrics:
+                       device=None, share: Share = ONE_PROCESS) -> RetrievalMetrics:
     """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl; each
     set's per-query values ride along under the same keys (results.queries.npz of the run). With a sharded
     `share` (a sharded model) every rank calls this and encodes its share; the leading rank, which alone holds

@@ -23,7 +23,15 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from builders import toy_rows, write_toy_eval
 from sharding_ranks import clip_batches, clip_module, text_batches, text_module, train_config, world
 
-from magclip.config import LossConfig, ModelConfig, RunConfig, TextEvalConfig, TextModelConfig, TextRunConfig, to_dict
+from magclip.config import (
+    LossConfig,
+    ModelConfig,
+    RunConfig,
+    TextEvalConfig,
+    TextModelConfig,
+    TextRunConfig,
+    to_dict,
+)
 from magclip.distributed import Share
 from magclip.evaluation.clip import encode_loader, evaluate_retrieval
 from magclip.similarity import evaluation_scorers
@@ -58,8 +66,8 @@ def train(out: Path, name: str, module, batches, run_config: dict, save_full_mod
 
 def val_record(run: Path) -> dict:
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {k[len("val/"):]: v for k, v in [line for line in lines if any(k.startswith("val/") for k in line)][-1].items()
-            if k.startswith("val/")}
+    last = [line for line in lines if any(k.startswith("val/") for k in line)][-1]
+    return {k[len("val/"):]: v for k, v in last.items() if k.startswith("val/")}
 
 
 def gathered(engine: Engine) -> dict | None:
@@ -123,7 +131,7 @@ def run(out: Path, decoder: Path) -> None:
 
 
 if __name__ == "__main__":
-    faulthandler.dump_traceback_later(float(os.environ.get("MAGCLIP_TEST_HANG_S", 240)), exit=True)
+    faulthandler.dump_traceback_later(float(os.environ.get("MAGCLIP_TEST_HANG_S", "240")), exit=True)
     phase, folder = sys.argv[1], Path(sys.argv[2])
     from magclip.config import TrainConfig
 

@@ -54,7 +54,7 @@ def synthetic_state() -> dict[str, torch.Tensor]:
     return state
 
 
-@pytest.mark.skipif(not can_reset_peak(), reason="the peak resident memory cannot be reset here (/proc/self/clear_refs)")
+@pytest.mark.skipif(not can_reset_peak(), reason="no /proc/self/clear_refs here: the peak memory cannot be reset")
 def test_streaming_consolidation_holds_one_tensor_at_a_time(tmp_path):
     import torch.distributed.checkpoint as dcp
     from safetensors import safe_open
@@ -63,7 +63,7 @@ def test_streaming_consolidation_holds_one_tensor_at_a_time(tmp_path):
     dcp.save({"model": state}, checkpoint_id=str(tmp_path / "step" / "sharded"), no_dist=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path / "step"), str(tmp_path / "out.safetensors")],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     total = sum(t.numel() * t.element_size() for t in state.values())
