@@ -296,7 +296,6 @@ class FSDPSharding(Sharding):
         digests = distributed.gather_objects(digest)
         return {"weights_sha256": digests[0], "replicated_sha256_by_rank": replicated}
 
-
     def _streamed_digest(self, module: nn.Module) -> str | None:
         """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), each
         parameter gathered in turn (a collective per parameter): the whole model is never held at once."""
