@@ -29,6 +29,7 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for_loop")  # train.optimizer_im
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 IDENTICAL_ID_RULES = ("self", "keep", "drop")  # eval.identical_ids (magclip.data.beir.identical_id_exclusions)
 SHARDINGS = ("ddp", "fsdp")  # train.sharding (magclip.training.sharding)
+SAVE_FULL_MODEL = ("every", "last", "never")  # train.save_full_model: which fsdp checkpoints hold the model files
 RESUME_WORDS = ("latest", "auto")  # train.resume: the newest checkpoint (required / if there is one)
 # train.report_to: tensorboard is magclip's own writer, the others accelerate's trackers (training/trackers.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -45,7 +46,7 @@ RESUMABLE_KEYS = (
     "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
     "train.compile", "train.compile_mode", "train.report_to", "train.save_on_signal", "train.time_limit",
-    "loss.logit_scale_from_norms", "eval.start_cache", "loss.dist_impl", "train.sharding",
+    "loss.logit_scale_from_norms", "eval.start_cache", "loss.dist_impl", "train.sharding", "train.save_full_model",
 )
 RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
@@ -168,6 +169,11 @@ class TrainConfig:
     accum_freq: int = 1               # micro-batches per step; negatives span all of them (feature cache)
     sharding: str = "ddp"             # ddp: a full replica per process; fsdp: parameters, gradients and optimizer state
                                       # sharded across processes (FSDP2, magclip.training.sharding)
+    save_full_model: str = "every"    # fsdp: which checkpoints also hold the consolidated model folder (open_clip's,
+                                      # sentence-transformers'), gathered on the main process: every / last / never
+                                      # (the DCP shards alone; magclip-consolidate writes it offline). Keep every while
+                                      # the whole model fits the main process; last or never when it does not. ddp:
+                                      # every checkpoint writes it (the replica is whole, nothing is gathered)
     grad_clip: float | None = 1.0
     seed: int = 0
     log_every: int = 10
@@ -527,6 +533,9 @@ def _check_train(train: TrainConfig) -> None:
         raise ConfigError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
     if train.sharding not in SHARDINGS:
         raise ConfigError(f"train.sharding={train.sharding!r}; allowed: {', '.join(SHARDINGS)}")
+    if train.save_full_model not in SAVE_FULL_MODEL:
+        raise ConfigError(f"train.save_full_model={train.save_full_model!r}; allowed: {', '.join(SAVE_FULL_MODEL)} "
+                          "(which fsdp checkpoints also hold the consolidated model files)")
     if train.sharding == "fsdp":
         if train.precision == "fp16":
             raise ConfigError("train.sharding=fsdp with train.precision=fp16: fp16 needs a loss scaler that sharded "

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -194,6 +194,66 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return total / world_size()
 
 
+@dataclass(frozen=True)
+class Share:
+    """Who encodes which batch of an evaluation that every rank runs (a sharded model cannot run on one
+    process: `train.sharding=fsdp`). Every rank walks the same batches in the same order; rank r encodes
+    batch i where i % world == r, and pads with repeated forwards to `forwards(n)`, the most any rank runs,
+    since a sharded model's all-gathers are collectives every rank must join. `gather_rows` puts the
+    encoded rows back in batch order on rank 0, where the metrics are computed once. One process
+    (`Share()`) owns every batch."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        return self.world > 1
+
+    @property
+    def leads(self) -> bool:
+        """The process that gathers the embeddings and computes the metrics."""
+        return self.rank == 0
+
+    def owns(self, batch: int) -> bool:
+        return batch % self.world == self.rank
+
+    def forwards(self, batches: int) -> int:
+        """The forwards every rank runs over `batches` batches: the largest share, ceil(batches / world)."""
+        return -(-batches // self.world)
+
+    def padding(self, batches: int) -> int:
+        """How many repeated forwards this rank adds after its own batches, to reach `forwards(batches)`."""
+        return self.forwards(batches) - len(range(self.rank, batches, self.world))
+
+    def gather_rows(self, rows: dict[int, torch.Tensor]) -> list[torch.Tensor] | None:
+        """Every rank's {batch index: encoded rows}, on the leading rank as one list in batch order (every batch
+        once), None on the others; a collective."""
+        if not self.sharded:
+            return [rows[i] for i in sorted(rows)]
+        parts: list[Any] | None = [None] * self.world if self.leads else None
+        dist.gather_object(rows, parts, dst=0)
+        if parts is None:
+            return None
+        merged: dict[int, torch.Tensor] = {}
+        for part in parts:
+            merged.update(part)
+        if sorted(merged) != list(range(len(merged))) or sum(map(len, parts)) != len(merged):
+            raise RuntimeError(f"the ranks encoded batches {[sorted(p) for p in parts]}: not each batch once")
+        return [merged[i] for i in range(len(merged))]
+
+    def broadcast(self, obj: Any = None) -> Any:
+        """The leading rank's `obj` on every rank (`obj` itself on one process); a collective."""
+        if not self.sharded:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+ONE_PROCESS = Share()  # the share of an evaluation on one process: every batch
+
+
 # ---------------------------------------------------------------------------- the ranks of a run, and losing one
 #
 # A multi-node run fails as a whole when one rank is lost (killed, frozen, cut off): the others'
@@ -254,7 +314,12 @@ def tensors_digest(tensors: Sequence[torch.Tensor]) -> str:
     return _digest([(str(i), t) for i, t in enumerate(tensors)])
 
 
-def _digest(named: Sequence[tuple[str, torch.Tensor]]) -> str:
+def digest_of(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 of (name, tensor) pairs in the given order, taken one at a time (they may be made as it goes)."""
+    return _digest(named)
+
+
+def _digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     h = hashlib.sha256()
     for name, p in named:
         h.update(name.encode())

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from magclip.diagnostics.specificity import specificity_metrics
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.metrics.ranks import DIRECTIONS, RetrievalMetrics, items_digest
 from magclip.metrics.relevance import clip_relevance
 from magclip.metrics.retrieval import retrieval_metrics
@@ -34,30 +35,55 @@ from magclip.similarity import Scorer
 
 @torch.no_grad()
 def encode_loader(clip: RawCLIP, loader: Iterable[dict], device: torch.device | str,
-                  allow_empty: bool = False) -> dict[str, Any] | None:
+                  allow_empty: bool = False, share: Share = ONE_PROCESS) -> dict[str, Any] | None:
     """Raw features of every sample in `loader`, in loader order: the one CLIP encoding loop of
     evaluation (training validation, zero-shot, diagnostics). A batch holds "images" and, unless it is
     image-only, "texts" (token ids); its other per-sample lists ("keys", "captions", "labels", ...)
     are concatenated alongside, its "skipped" counts summed. Nothing to encode: None with
-    `allow_empty`, else a ValueError."""
-    images, texts = [], []
+    `allow_empty`, else a ValueError.
+
+    With a sharded `share` (a sharded model: every rank calls this, each reading the whole loader) each
+    rank encodes its share of the batches through the model's forward (where a sharded model gathers its
+    weights), the features are gathered in batch order on the leading rank, which gets the result; the
+    others get None."""
+    features: dict[int, tuple[Tensor, Tensor | None]] = {}
     lists: dict[str, list] = {}
     skipped: dict[str, int] = {}
-    for batch in loader:
-        images.append(clip.encode_image(batch["images"].to(device)).float().cpu())
-        if "texts" in batch:
-            texts.append(clip.encode_text(batch["texts"].to(device)).float().cpu())
+    batches, last = 0, None
+    for i, batch in enumerate(loader):
+        batches, last = i + 1, batch
+        if share.owns(i):
+            features[i] = _encode_batch(clip, batch, device, share)
         for name, values in batch.items():
             if isinstance(values, list):
                 lists.setdefault(name, []).extend(values)
         for reason, n in batch.get("skipped", {}).items():
             skipped[reason] = skipped.get(reason, 0) + n
-    if not images:
+    for _ in range(share.padding(batches)):  # the same number of forwards on every rank
+        _encode_batch(clip, last, device, share)
+    encoded = share.gather_rows(features)
+    if encoded is None:
+        return None
+    if not encoded:
         if allow_empty:
             return None
         raise ValueError("the evaluation data yielded no sample")
-    return {"image_features": torch.cat(images), "text_features": torch.cat(texts) if texts else None,
+    texts = [t for _, t in encoded if t is not None]
+    return {"image_features": torch.cat([i for i, _ in encoded]), "text_features": torch.cat(texts) if texts else None,
             **lists, "skipped": skipped}
+
+
+def _encode_batch(clip: RawCLIP, batch: dict, device: torch.device | str, share: Share) -> tuple[Tensor, Tensor | None]:
+    """One batch's raw image (and text) features, float32 on the CPU. Sharded, both towers run in one call of the
+    model's forward, the call where FSDP gathers the towers' outer weights."""
+    images = batch["images"].to(device)
+    if share.sharded:
+        if "texts" not in batch:
+            raise ValueError("a sharded model encodes image-caption batches only (its forward takes both)")
+        image, text = clip(images, batch["texts"].to(device))
+        return image.float().cpu(), text.float().cpu()
+    image = clip.encode_image(images).float().cpu()
+    return image, clip.encode_text(batch["texts"].to(device)).float().cpu() if "texts" in batch else None
 
 
 def first_samples(enc: dict[str, Any], n: int) -> dict[str, Any]:
@@ -108,11 +134,16 @@ def caption_items(keys: Sequence[str], counts: Sequence[int] | None) -> list[str
 
 
 def evaluate_retrieval(clip: RawCLIP, scorers: Mapping[str, Scorer], loader, device, *,
-                       matching: str = "caption", tokenizer=None) -> RetrievalMetrics:
+                       matching: str = "caption", tokenizer=None,
+                       share: Share = ONE_PROCESS) -> RetrievalMetrics | None:
     """`retrieval_from_features` of every sample of a loader, plus the samples it skipped; the
     per-query ranks carry a digest of the loader's keys (so only runs on the same items pair up).
-    With the `tokenizer`, captions longer than the text tower's context are counted (`long_captions`)."""
-    enc = encode_loader(clip, loader, device)
+    With the `tokenizer`, captions longer than the text tower's context are counted (`long_captions`).
+    With a sharded `share` every rank calls this and encodes its share; the leading rank gets the metrics,
+    the others None (`encode_loader`)."""
+    enc = encode_loader(clip, loader, device, share=share)
+    if enc is None:
+        return None
     metrics = retrieval_from_features(enc["image_features"], enc["text_features"], enc["captions"], scorers,
                                       caption_counts=enc.get("caption_counts"), matching=matching)
     metrics.item_digest = items_digest(caption_items(enc["keys"], enc.get("caption_counts")))

@@ -90,8 +90,9 @@ def same_sides(model: BiEncoder) -> bool:
 class SideCache:
     """encode(texts, side) that encodes each side once: every scorer searches the same vectors."""
 
-    def __init__(self, model: BiEncoder, batch_size: int, device=None, progress: bool = False):
-        self.encode = encoder_fn(model, batch_size, device, progress)
+    def __init__(self, model: BiEncoder, batch_size: int, device=None, progress: bool = False,
+                 encode: Callable[[list[str], str], torch.Tensor] | None = None):
+        self.encode = encode or encoder_fn(model, batch_size, device, progress)
         self.vectors: dict[str, torch.Tensor] = {}
 
     def __call__(self, texts: list[str], side: str) -> torch.Tensor:
@@ -110,8 +111,11 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
                        batch_size: int = 64, device=None, backend: str = "auto",
                        metrics: Sequence[str] = DEFAULT_METRICS, identical_ids: str = "self",
                        length_bins: int = 0, lengths: tuple[list[int], list[int]] | None = None,
-                       progress: bool = False, export_to: str | Path | None = None) -> dict[str, Any]:
+                       progress: bool = False, export_to: str | Path | None = None,
+                       encode: Callable[[list[str], str], torch.Tensor] | None = None) -> dict[str, Any]:
     """Metrics of the first scorer (+ "modes": {mode: metrics} when several); documents encoded once.
+    `encode(texts, side)`: how texts are encoded (default: the model's own `encode`; a sharded model's is
+    magclip.evaluation.sharded's).
 
     `identical_ids`: which same-id documents leave the rankings (magclip.data.beir.identical_id_exclusions;
     "self": only a document that is the query); every entry records the rule, how many queries share an
@@ -127,7 +131,7 @@ def evaluate_beir_data(model: BiEncoder, data: BeirData, scorers: Sequence[Score
     corpus_texts = dict(zip(data.corpus, data.doc_texts()))
     if length_bins and lengths is None:
         lengths = beir_token_lengths(model, data)
-    encode = SideCache(model, batch_size, device, progress)
+    encode = SideCache(model, batch_size, device, progress, encode)
     exclude = data.identical_ids(identical_ids)
     identical = {"identical_ids": identical_ids, "identical_id_queries": len(data.identical_ids("drop")),
                  "excluded_identical": len(exclude)}

@@ -51,6 +51,7 @@ __all__ = [
     "register_model_configs",
     "resolve_config",
     "save_checkpoint_for_open_clip",
+    "save_open_clip_config",
     "save_open_clip_folder",
     "uint8_transform",
     "weights_file",
@@ -442,18 +443,26 @@ def save_open_clip_folder(model: nn.Module, folder: str | Path, model_name: str,
     written into the weights and its config (`init_logit_bias`), so open_clip builds and loads the bias.
     Returns the weights file.
     """
+    folder = Path(folder)
+    weights = folder / WEIGHTS_FILE
+    save_checkpoint_for_open_clip(model, weights, logit_scale, logit_bias)
+    save_open_clip_config(model, folder, model_name, logit_bias)
+    return weights
+
+
+def save_open_clip_config(model: nn.Module, folder: str | Path, model_name: str,
+                          logit_bias: float | None = None) -> Path:
+    """open_clip_config.json of `save_open_clip_folder` (the model's structure suffices: a meta-device one too)."""
     from open_clip.push_to_hf_hub import save_config_for_hf  # open_clip's writer of the hub layout
 
-    folder = Path(folder)
     config = open_clip.get_model_config(model_name)
     if config is None:
         raise ValueError(f"no open_clip config registered for {model_name!r}")
     if logit_bias is not None:
         config = {**config, "init_logit_bias": logit_bias}
-    weights = folder / WEIGHTS_FILE
-    save_checkpoint_for_open_clip(model, weights, logit_scale, logit_bias)
-    save_config_for_hf(_unwrap(model), folder / OPEN_CLIP_CONFIG, config)
-    return weights
+    path = Path(folder) / OPEN_CLIP_CONFIG
+    save_config_for_hf(_unwrap(model), path, config)
+    return path
 
 
 def weights_file(folder: str | Path) -> Path | None:

@@ -45,7 +45,7 @@ import importlib.util
 import json
 import logging
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from magclip.config import POOLINGS
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.io import atomic_write_json, load_error
 from magclip.models.st_similarity import folder_scorer
 from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
@@ -356,13 +357,18 @@ class BiEncoder(nn.Module):
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], side: str, batch_size: int = 64, device: str | torch.device | None = None,
-               progress: bool = False, autocast_dtype: torch.dtype | None = None) -> Tensor:
+               progress: bool = False, autocast_dtype: torch.dtype | None = None,
+               share: Share = ONE_PROCESS) -> Tensor | None:
         """Raw float32 embeddings [N, D] on CPU, in input order; batches sorted by token length. The forward
         runs under autocast to `autocast_dtype` (else `self.encode_dtype`) when one is given, else in the
-        caller's precision (a training run's evaluation runs under its `eval.precision`)."""
+        caller's precision (a training run's evaluation runs under its `eval.precision`).
+
+        With a sharded `share` (a sharded model; every rank calls this with the same texts) each rank encodes its
+        share of the same batches, padded to as many forwards as the others run, and the leading rank gets every
+        row (the others None): the very batches one process encodes, so the same numbers."""
         side = _side(side)
         autocast_dtype = autocast_dtype or self.encode_dtype
-        if device is not None:
+        if device is not None and not share.sharded:
             self.to(device)
         was_training = self.training
         self.eval()
@@ -370,27 +376,45 @@ class BiEncoder(nn.Module):
         encoded = self.tokenize(texts, side, padding=False)
         ids = encoded["input_ids"]
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = torch.empty(len(ids), self.dim, dtype=torch.float32)
         dev = self.device
-        batches = range(0, len(order), batch_size)
+        starts = list(range(0, len(order), batch_size))
+        mine = [b for b in range(len(starts)) if share.owns(b)]
+        padding = [mine[-1] if mine else 0] * share.padding(len(starts)) if starts else []
+        batches = [*mine, *[-1 - b for b in padding]]  # a repeated forward, its rows dropped: negative
         if progress:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc=f"encode {side} texts", dynamic_ncols=True)
-        for start in batches:
+        out = torch.empty(len(ids), self.dim, dtype=torch.float32) if share.leads else None
+        rows: dict[int, Tensor] = {}  # sharded: this rank's batches, gathered on the leading rank below
+        for b in batches:
+            start = starts[-1 - b if b < 0 else b]
             idx = order[start:start + batch_size]
             feats = [{k: encoded[k][i] for k in encoded} for i in idx]
             batch = tokenizer.pad(feats, return_tensors="pt")
             with (torch.autocast(device_type=dev.type, dtype=autocast_dtype) if autocast_dtype is not None
                   else nullcontext()):
-                emb = self.encode_tokens(batch, side)
-            out[torch.tensor(idx)] = emb.float().cpu()
+                emb = self.encode_tokens(batch, side).float().cpu()
+            if b >= 0 and share.sharded:
+                rows[b] = emb
+            elif b >= 0:
+                out[torch.tensor(idx)] = emb
         self.train(was_training)
+        if not share.sharded:
+            return out
+        gathered = share.gather_rows(rows)
+        if gathered is None:
+            return None
+        for start, emb in zip(starts, gathered):
+            out[torch.tensor(order[start:start + batch_size])] = emb
         return out
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, path: str | Path, scorer: dict[str, Any] | None = None,
-                        logit_scale: float | None = None, extra: dict[str, Any] | None = None) -> Path:
-        """Write a folder that `BiEncoder.from_pretrained` and `SentenceTransformer(path)` both load."""
+                        logit_scale: float | None = None, extra: dict[str, Any] | None = None,
+                        tower_weights: Callable[[nn.Module, Path], None] | None = None) -> Path:
+        """Write a folder that `BiEncoder.from_pretrained` and `SentenceTransformer(path)` both load.
+        `tower_weights(tower, folder)`: how a tower's config.json and weights are written (default: its own
+        `save_pretrained`; an offline consolidation streams them from shards, magclip.training.consolidate)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         scorer = dict(scorer or self.default_scorer)
@@ -399,13 +423,13 @@ class BiEncoder(nn.Module):
                                 "logit_scale": logit_scale, "sentence_transformers_similarity": sim,
                                 "source": self.source, **(extra or {})}
         if self.settings.shared:
-            saved = self._save_pipeline(path, "query", "", self.settings.passage_max_length)
+            saved = self._save_pipeline(path, "query", "", self.settings.passage_max_length, tower_weights)
             modules = [{"idx": idx, "name": str(idx), "path": sub, "type": kind}
                        for idx, (sub, kind) in enumerate(saved)]
         else:
             types, structure = {}, {}
             for route, side in (("query", "query"), ("document", "passage")):
-                saved = self._save_pipeline(path, side, f"{route}_", self.settings.max_length(side))
+                saved = self._save_pipeline(path, side, f"{route}_", self.settings.max_length(side), tower_weights)
                 types.update(saved)
                 structure[route] = [sub for sub, _ in saved]
             towers = {"query": structure["query"][0], "passage": structure["document"][0]}
@@ -422,7 +446,8 @@ class BiEncoder(nn.Module):
         atomic_write_json(path / META_FILE, meta)
         return path
 
-    def _save_pipeline(self, path: Path, side: str, prefix: str, max_length: int) -> list[tuple[str, str]]:
+    def _save_pipeline(self, path: Path, side: str, prefix: str, max_length: int,
+                       tower_weights: Callable[[nn.Module, Path], None] | None = None) -> list[tuple[str, str]]:
         """Write one side's modules in sentence-transformers' layout (Transformer + Pooling, or a StaticEmbedding,
         then the head) under `path`, sub folders named with `prefix` (a Router's route); (sub folder, type) each."""
         tower = self.tower(side)
@@ -433,15 +458,19 @@ class BiEncoder(nn.Module):
             base = [(sub, f"{type(tower.static).__module__}.{STATIC_KIND}")]
         else:
             sub, pooling = (f"{prefix}0_Transformer" if prefix else ""), f"{prefix}1_Pooling"
-            self._save_tower(path / sub, side, max_length)
+            self._save_tower(path / sub, side, max_length, tower_weights)
             _write_pooling(path / pooling, self.settings.pooling, _hidden_size(tower))
             base = [(sub, "sentence_transformers.models.Transformer"), (pooling, "sentence_transformers.models.Pooling")]
         return base + _save_head(path, self.head(side), prefix, start=len(base))
 
-    def _save_tower(self, folder: Path, side: str, max_length: int) -> None:
+    def _save_tower(self, folder: Path, side: str, max_length: int,
+                    tower_weights: Callable[[nn.Module, Path], None] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         tokenizer = self.tokenizer_for(side)
-        self.tower(side).save_pretrained(str(folder), safe_serialization=True)
+        if tower_weights is not None:
+            tower_weights(self.tower(side), folder)
+        else:
+            self.tower(side).save_pretrained(str(folder), safe_serialization=True)
         tokenizer.save_pretrained(str(folder))
         atomic_write_json(folder / "sentence_bert_config.json", {"max_seq_length": max_length,
                                                                  "do_lower_case": _added_lowercase(tokenizer)})
@@ -480,6 +509,9 @@ def _model_max_length(tokenizer, model) -> int:
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what transformers reads from a folder, in its order
 
 
+STRUCTURE_ONLY = "structure_only"  # BiEncoder.from_pretrained(..., structure_only=True): towers on the meta device
+
+
 def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     """`AutoModel.from_pretrained`, whose refusal of an unsafe weights file, and whose failure on a truncated
     or foreign one (a bare SafetensorError or zip-reader error), become one error naming the weights file.
@@ -495,6 +527,11 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     if not {"dtype", "torch_dtype"} & set(hf_kwargs):   # the keyword is `torch_dtype` before 4.56
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         hf_kwargs = {**hf_kwargs, dtype_key: torch.float32}
+    if hf_kwargs.pop(STRUCTURE_ONLY, False):  # the structure on the meta device, no weights read (consolidation)
+        from transformers import AutoConfig
+
+        with torch.device("meta"):
+            return AutoModel.from_config(AutoConfig.from_pretrained(str(path)), **hf_kwargs)
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:

@@ -200,13 +200,14 @@ class Checkpointer:
         self.write_or_fail(step, lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
         return tmp
 
-    def finish(self, module: nn.Module, state: dict[str, Any], step: int) -> Path:
-        """The model files, state.pt and config.yaml into the temporary folder, renamed into place; `latest` then
-        points at it."""
+    def finish(self, module: nn.Module | None, state: dict[str, Any], step: int) -> Path:
+        """The model files (none for `module` None: a sharded checkpoint without them, train.save_full_model),
+        state.pt and config.yaml into the temporary folder, renamed into place; `latest` then points at it."""
         final, tmp = self.dir / f"step_{step:08d}", self.tmp_dir(step)
 
         def write() -> None:
-            self.save_model(module, tmp)
+            if module is not None:
+                self.save_model(module, tmp)
             atomic_torch_save(state, tmp / STATE_FILE)
             if self.run_config is not None:
                 atomic_write_text(tmp / CONFIG_FILE, yaml.safe_dump(self.run_config, sort_keys=False))

@@ -48,6 +48,7 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.sharding import evaluation_precision, evaluation_share
 from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.clip")
@@ -80,6 +81,13 @@ class CLIPTrainModule(TrainModule):
             state[f"gamma_q_{direction}"] = s["gamma_q"]
             state[f"gamma_d_{direction}"] = s["gamma_d"]
         return state
+
+
+def checkpoint_meta(m: CLIPTrainModule, cfg: RunConfig) -> dict[str, Any]:
+    """magclip.json of a step folder: the trained Scorers, temperature and the run's config beside the weights."""
+    bias = m.logit_bias.value if m.logit_bias is not None else None
+    return {"model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
+            "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)}
 
 
 def build_loss(cfg: LossConfig) -> CLIPLoss | SigLIPLoss:
@@ -207,15 +215,26 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     if val_loader is None:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
-    eval_precision = evaluation_autocast(cfg.eval.precision, accelerator.device)[1]
+    share = evaluation_share(cfg.train.sharding, accelerator)  # under fsdp every rank encodes its share
+    precision = evaluation_precision(cfg.eval.precision, share, accelerator)
+    eval_precision = evaluation_autocast(precision, accelerator.device)[1]
     log.info("evaluation precision: %s", eval_precision)
 
     def evaluate(m: CLIPTrainModule, step: int) -> dict[str, float]:
         if val_loader is None:
             return {}
-        with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # whatever the training autocast
+        with evaluation_autocast(precision, accelerator.device)[0]:   # whatever the training autocast
             return evaluate_retrieval(m.clip, evaluation_scorers(m.loss.scorers), val_loader, accelerator.device,
-                                      matching=val_set.matching, tokenizer=bundle.tokenizer)
+                                      matching=val_set.matching, tokenizer=bundle.tokenizer, share=share)
+
+    def evaluate_sets(m: CLIPTrainModule) -> dict[str, Any]:
+        out = {}
+        for name, (es, loader) in extra.items():
+            with evaluation_autocast(precision, accelerator.device)[0]:
+                out[name] = evaluate_retrieval(m.clip.eval(), evaluation_scorers(m.loss.scorers), loader,
+                                               accelerator.device, matching=es.matching, tokenizer=bundle.tokenizer,
+                                               share=share)
+        return out
 
     def save_model(m: CLIPTrainModule, step_dir: Path) -> None:
         bias = m.logit_bias.value if m.logit_bias is not None else None
@@ -224,9 +243,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
             save_adapter(clip, step_dir / ADAPTER_DIR)
             clip = merged_model(clip)
         save_open_clip_folder(clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
-        atomic_write_json(step_dir / CHECKPOINT_META, {
-            "model": cfg.model.name, "loss_type": cfg.loss.type, "scorers": m.loss.scorer_state(),
-            "logit_scale": m.logit_scale.value, "logit_bias": bias, "config": to_dict(cfg)})
+        atomic_write_json(step_dir / CHECKPOINT_META, checkpoint_meta(m, cfg))
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
@@ -234,15 +251,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
-        eval_sets = {}
-        final = engine.eval_module() if extra else None  # every process: under fsdp the shards are gathered
-        if accelerator.is_main_process and extra:
-            for name, (es, loader) in extra.items():
-                with torch.no_grad(), evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:
-                    eval_sets[name] = evaluate_retrieval(final.clip.eval(), evaluation_scorers(final.loss.scorers),
-                                                         loader, accelerator.device, matching=es.matching,
-                                                         tokenizer=bundle.tokenizer)
-            engine.sharding.release(final)
+        eval_sets = (engine.evaluate_model(evaluate_sets) if extra else None) or {}  # every process
         accelerator.wait_for_everyone()
         skipped = engine.reduce_counts(state.skipped_samples)
     finally:

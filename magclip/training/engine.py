@@ -197,6 +197,9 @@ class Engine:
         self.levers["sharding"] = (f"{cfg.sharding} ({accelerator.num_processes} processes)" if cfg.sharding == "ddp"
                                    else f"fsdp ({accelerator.num_processes} processes; parameters, gradients and "
                                         "optimizer state sharded)")
+        if cfg.sharding == "ddp" and cfg.save_full_model != "every":
+            log.info("train.save_full_model=%s applies to fsdp: under ddp every checkpoint writes the model files "
+                     "(each process holds the whole model: writing it gathers nothing)", cfg.save_full_model)
         groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
         impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
@@ -465,22 +468,36 @@ class Engine:
     def run_evaluation(self) -> dict[str, float]:
         if self.evaluate is None:
             return {}
-        metrics = {}
         self.model.eval()
-        module = self.eval_module()
+        step = self.state.step
+        metrics = self.evaluate_model(lambda module: self.evaluate(module, step)) or {}
         if self.acc.is_main_process:
-            with torch.no_grad(), self.acc.autocast():
-                metrics = self.evaluate(module, self.state.step)
-            self.sharding.release(module)
-            self.metrics.write({"step": self.state.step, "epoch": self.state.epoch,
-                                **{f"val/{k}": v for k, v in metrics.items()}})
-        with naming_lost_ranks(f"the evaluation after step {self.state.step}"):
+            self.metrics.write({"step": step, "epoch": self.state.epoch, **{f"val/{k}": v for k, v in metrics.items()}})
+        with naming_lost_ranks(f"the evaluation after step {step}"):
             self.acc.wait_for_everyone()
         return metrics
 
+    def evaluate_model(self, evaluate: Callable[[nn.Module], Any]) -> Any:
+        """`evaluate(module)` under no_grad and the training's autocast where the evaluation runs (every process calls
+        this; the main process gets the result, the others None): on the main process with the whole model (ddp; under
+        fsdp on one process), or under fsdp on every rank with the sharded model, each encoding its share
+        (`sharding.eval_share()`, which the task's evaluation takes)."""
+        if self.sharding.eval_share().sharded:
+            with naming_lost_ranks(f"the sharded evaluation after step {self.state.step}"), torch.no_grad(), \
+                    self.acc.autocast():
+                out = evaluate(self.unwrapped)
+            return out if self.acc.is_main_process else None
+        module = self.eval_module()
+        out = None
+        if self.acc.is_main_process:
+            with torch.no_grad(), self.acc.autocast():
+                out = evaluate(module)
+            self.sharding.release(module)
+        return out
+
     def eval_module(self) -> nn.Module | None:
-        """The module the main process evaluates: the model itself, or under fsdp the consolidated model (the
-        shards gathered); every process calls this, the main one gets the module (`sharding.release` it after)."""
+        """The module the main process evaluates where the evaluation is not sharded: the model itself (the main
+        process gets it, `sharding.release` it after)."""
         with naming_lost_ranks("the gathering of the model for its evaluation"):
             return self.sharding.eval_module(self.unwrapped)
 
@@ -536,11 +553,17 @@ class Engine:
         with naming_lost_ranks(f"the sharded checkpoint of step {step}"):
             self.acc.wait_for_everyone()
             self.checkpointer.write_or_fail(step, lambda: save_sharded(tmp / SHARDED_DIR, self.unwrapped, self.optimizer))
-            with self.sharding.full_module(self.unwrapped) as full:
+            with (self.sharding.full_module(self.unwrapped) if self._writes_full_model() else nullcontext()) as full:
                 if self.acc.is_main_process:
                     state = self._training_state(skips_by_rank, sharded=True)
                     self.stop.set_checkpoint_size(state_bytes(state) + _shard_bytes(tmp / SHARDED_DIR))
                     self.checkpointer.finish(full, state, step)
+
+    def _writes_full_model(self) -> bool:
+        """Whether this fsdp checkpoint also holds the consolidated model files (`train.save_full_model`), which
+        gathers the full weights on the main process; without them the step folder holds the DCP shards alone."""
+        when = self.cfg.save_full_model
+        return when == "every" or (when == "last" and self.state.step >= self.total_steps)
 
     def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None, sharded: bool = False) -> dict[str, Any]:
         return {

@@ -20,8 +20,15 @@ optimizer with torch.distributed.checkpoint (DCP) into the step folder's `sharde
 temporary folder that is renamed into place, so a kill leaves the previous checkpoint whole. The main
 process also writes the consolidated model (the open_clip or sentence-transformers folder that plain tools
 open), gathered from the shards. DCP reshards on load: a checkpoint written by N processes continues on M.
-Evaluation during and after training runs on the main process with the consolidated model
-(`FSDPSharding.eval_module`): the full weights for inference, not the 16 bytes a parameter of training.
+`train.save_full_model` says which checkpoints also hold that consolidated model: `every` (the default),
+`last` (the run's final checkpoint) or `never` (the DCP shards alone; `magclip-consolidate` writes the model
+folder from them offline, on one process, tensor by tensor: magclip.training.consolidate).
+
+Evaluation during and after training runs on every rank with the sharded model (`eval_share`): each rank
+encodes its share of the batches, the embeddings are gathered on the main process, which computes the
+metrics (magclip.distributed.Share, magclip.evaluation.sharded). The full weights are never gathered for it;
+with train.precision bf16 it computes with the bf16 parameters FSDP gathers (`evaluation_precision`). On one
+process fsdp evaluates the module itself, like ddp.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from magclip import distributed
+from magclip.distributed import Share
 
 log = logging.getLogger("magclip.training.sharding")
 
@@ -100,6 +108,10 @@ class Sharding:
         if max_norm:
             return self.acc.clip_grad_norm_(params, max_norm).detach()
         return torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in params]))
+
+    def eval_share(self) -> Share:
+        """Which ranks encode an evaluation: the main process alone, with the whole model (`eval_module`)."""
+        return Share()
 
     def eval_module(self, module: nn.Module) -> nn.Module | None:
         """The module the main process evaluates (every process calls this; None on the others); give it back
@@ -232,6 +244,10 @@ class FSDPSharding(Sharding):
                     torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total.detach()
 
+    def eval_share(self) -> Share:
+        """Every rank encodes its share with the sharded model (one process: the module itself, like ddp)."""
+        return evaluation_share(self.name, self.acc)
+
     def eval_module(self, module: nn.Module) -> nn.Module | None:
         return self._consolidated(module, to_device=True)
 
@@ -271,8 +287,7 @@ class FSDPSharding(Sharding):
     def weights_record(self, module: nn.Module) -> dict[str, Any]:
         """results.json: a digest of the consolidated final weights (the shards differ by design), and every rank's
         digest of the replicated loss parameters (equal: they stayed in step)."""
-        with self.full_module(module) as full:
-            digest = distributed.parameters_digest(full) if full is not None else None
+        digest = self._streamed_digest(module)
         with distributed.naming_lost_ranks("the comparison of the replicated loss parameters"):
             replicated = distributed.gather_objects(distributed.tensors_digest(self._replicated))
 
@@ -280,6 +295,32 @@ class FSDPSharding(Sharding):
             log.warning("the ranks end with different loss parameters (sha256 by rank: %s)", replicated)
         digests = distributed.gather_objects(digest)
         return {"weights_sha256": digests[0], "replicated_sha256_by_rank": replicated}
+
+    def _streamed_digest(self, module: nn.Module) -> str | None:
+        """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), each
+        parameter gathered in turn (a collective per parameter): the whole model is never held at once."""
+        named = sorted(module.named_parameters(), key=lambda item: item[0])
+        full = ((name, p.full_tensor() if hasattr(p, "full_tensor") else p) for name, p in named)
+        with distributed.naming_lost_ranks("the digest of the final weights"):
+            if self.acc.is_main_process:
+                return distributed.digest_of(full)
+            for _ in full:
+                pass
+        return None
+
+
+def evaluation_share(sharding: str, accelerator: Accelerator) -> Share:
+    """Which ranks encode a run's evaluations (`Sharding.eval_share`, known before the engine is built): every rank
+    under fsdp on several processes, else the main process alone."""
+    if sharding == "fsdp" and accelerator.num_processes > 1:
+        return Share(accelerator.process_index, accelerator.num_processes)
+    return Share()
+
+
+def evaluation_precision(asked: str, share: Share, accelerator: Accelerator) -> str:
+    """The precision an evaluation encodes in: `asked` (eval.precision), but bf16 in a sharded evaluation of a bf16
+    run, whose gathered parameters FSDP holds in bf16 (fp32 inputs would not meet them outside autocast)."""
+    return "bf16" if share.sharded and accelerator.mixed_precision == "bf16" else asked
 
 
 def make_sharding(name: str, accelerator: Accelerator, precision: str) -> Sharding:

@@ -28,6 +28,7 @@ from magclip.config import (
 )
 from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
+from magclip.distributed import Share
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
 from magclip.models.lora import ADAPTER_DIR, adapt_text, check_evaluation_dtype, lora_on, merged_encoder, save_text_adapters
@@ -46,12 +47,14 @@ from magclip.training.run import (
     write_results,
     write_run_config,
 )
+from magclip.training.sharding import evaluation_precision, evaluation_share
 from magclip.training.start_cache import cached_start, start_key, store_start
 from magclip.training.text_eval import TextEvalSets, evaluate_text_sets
 from magclip.training.threads import use_threads
 
 log = logging.getLogger("magclip.text")
 START_KEY = "zero_shot"   # results.json's evaluation of the model before training (eval.at_start)
+MODEL_DIR = "model"       # a step folder's sentence-transformers folder
 EVALS_DIR = "evals"       # evals/step_N.json: the evaluations after step N (train.val_at, val_every, the last)
 
 
@@ -62,10 +65,10 @@ def build_logit_scale(cfg: TextLossConfig) -> LogitScale:
                                cosine_scale=cfg.cosine_scale)
 
 
-def load_encoder(cfg: TextModelConfig) -> BiEncoder:
+def load_encoder(cfg: TextModelConfig, **hf_kwargs) -> BiEncoder:
     enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
                                     passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
-                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared)
+                                    passage_max_length=cfg.passage_max_length, shared=cfg.shared, **hf_kwargs)
     if cfg.grad_checkpointing:
         for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
             if not hasattr(tower, "gradient_checkpointing_enable"):   # a StaticEmbedding table has no layers
@@ -96,6 +99,24 @@ class TextTrainModule(TrainModule):
 
 
 
+
+
+def save_text_model(m: TextTrainModule, cfg: TextRunConfig, step_dir: Path, tower_weights=None) -> Path:
+    """A step folder's `model/`: the sentence-transformers folder with the trained scorer and scale (`tower_weights`:
+    BiEncoder.save_pretrained's, for an offline consolidation)."""
+    encoder = m.encoder
+    if lora_on(cfg.model.lora):  # a LoRA run: peft's adapter folder(s), and the merged model as the folder
+        save_text_adapters(encoder, step_dir / ADAPTER_DIR)
+        encoder = merged_encoder(encoder)
+    return encoder.save_pretrained(step_dir / MODEL_DIR, scorer=m.loss.scorer.to_dict(),
+                                     logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)},
+                                     tower_weights=tower_weights)
+
+
+def build_loss(cfg: TextRunConfig) -> RetrievalLoss:
+    scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
+    return RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight, cfg.loss.d2q_weight,
+                         local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
 
 
 # ---------------------------------------------------------------------------- training
@@ -157,10 +178,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
-    scorer = make_scorer(cfg.loss.mode, cfg.loss.gamma_q, cfg.loss.gamma_d)
-    loss = RetrievalLoss(scorer, cfg.data.group_size, cfg.loss.doc_to_query, cfg.loss.q2d_weight,
-                         cfg.loss.d2q_weight, local_loss=cfg.loss.local_loss, gather_with_grad=cfg.loss.gather_with_grad)
-    module = TextTrainModule(encoder, loss, build_logit_scale(cfg.loss)).to(accelerator.device)
+    module = TextTrainModule(encoder, build_loss(cfg), build_logit_scale(cfg.loss)).to(accelerator.device)
 
     def make_loader(epoch: int) -> PairBatches:
         return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
@@ -182,31 +200,31 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
 
     eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
 
-    eval_precision = evaluation_autocast(cfg.eval.precision, accelerator.device)[1]
+    share = evaluation_share(cfg.train.sharding, accelerator)  # under fsdp every rank encodes its share
+    precision = evaluation_precision(cfg.eval.precision, share, accelerator)
+    eval_precision = evaluation_autocast(precision, accelerator.device)[1]
     if eval_sets:
         log.info("evaluation precision: %s", eval_precision)
 
-    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
-        with evaluation_autocast(cfg.eval.precision, accelerator.device)[0]:   # the same before and after training
-            metrics = evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device)
-        if step > 0:
+    def evaluate_with(m: TextTrainModule, step: int, share: Share) -> dict[str, float]:
+        with evaluation_autocast(precision, accelerator.device)[0]:   # the same before and after training
+            metrics = evaluate_text_sets(m.encoder, m.loss.scorer, eval_sets, cfg.eval, accelerator.device, share)
+        if step > 0 and accelerator.is_main_process:
             write_step_evaluation(run_dir, step, metrics)
         return metrics
 
+    def evaluate(m: TextTrainModule, step: int) -> dict[str, float]:
+        return evaluate_with(m, step, share)
+
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
-        encoder = m.encoder
-        if lora:  # a LoRA run: peft's adapter folder(s), and the merged model as the sentence-transformers folder
-            save_text_adapters(encoder, step_dir / ADAPTER_DIR)
-            encoder = merged_encoder(encoder)
-        encoder.save_pretrained(step_dir / "model", scorer=m.loss.scorer.to_dict(),
-                                  logit_scale=m.logit_scale.value, extra={"config": to_dict(cfg)})
+        save_text_model(m, cfg, step_dir)
 
     write_run_config(cfg, run_dir, accelerator)
 
     def evaluate_start() -> RetrievalMetrics:
         module.eval()
         with torch.no_grad():
-            return evaluate(module, 0)
+            return evaluate_with(module, 0, Share())  # the main process, before the model is sharded
 
     zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start) \
         if cfg.eval.at_start and accelerator.is_main_process else ({}, None)
@@ -223,7 +241,9 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     final = engine.unwrapped
     ckpt = latest_checkpoint(engine)
     results = {
-        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "final_model": str(ckpt / "model"),
+        "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt),
+        # None where the last checkpoint holds the shards alone (train.save_full_model=never: magclip-consolidate)
+        "final_model": str(ckpt / MODEL_DIR) if (ckpt / MODEL_DIR).is_dir() else None,
         "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "train_columns": train_columns,

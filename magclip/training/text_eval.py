@@ -11,10 +11,11 @@ from magclip.data.beir import BeirData, load_beir
 from magclip.data.qa import QAData, load_qa
 from magclip.data.sts import STSData, read_sts
 from magclip.diagnostics.length import flat_length_metrics
+from magclip.distributed import ONE_PROCESS, Share
 from magclip.evaluation.rag import evaluate_rag
+from magclip.evaluation.sharded import shared_text_encoding
 from magclip.evaluation.text import (
     beir_token_lengths,
-    encoder_fn,
     evaluate_beir_data,
     evaluate_sts,
     same_sides,
@@ -54,9 +55,19 @@ class TextEvalSets:
 
 
 def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig,
-                       device=None) -> RetrievalMetrics:
+                       device=None, share: Share = ONE_PROCESS) -> RetrievalMetrics:
     """Every set scored with `scorer`, flattened to {"<set>/<metric>": value} for metrics.jsonl; each
-    set's per-query values ride along under the same keys (results.queries.npz of the run)."""
+    set's per-query values ride along under the same keys (results.queries.npz of the run). With a sharded
+    `share` (a sharded model) every rank calls this and encodes its share; the leading rank, which alone holds
+    the sets, gets the metrics, the others an empty record (magclip.evaluation.sharded)."""
+    with shared_text_encoding(model, cfg.batch_size, device, share) as encode:
+        if encode is None:
+            return RetrievalMetrics()
+        return _evaluate_text_sets(model, scorer, sets, cfg, device, encode)
+
+
+def _evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg: TextEvalConfig, device,
+                        encode) -> RetrievalMetrics:
     out = RetrievalMetrics()
 
     def add(name: str, r: dict) -> None:
@@ -67,11 +78,10 @@ def evaluate_text_sets(model: BiEncoder, scorer: Scorer, sets: TextEvalSets, cfg
     for name, data in sets.beir.items():
         r = evaluate_beir_data(model, data, scorer, batch_size=cfg.batch_size, device=device, backend=cfg.backend,
                                identical_ids=cfg.identical_ids, length_bins=cfg.length_bins,
-                               lengths=sets.lengths.get(name))
+                               lengths=sets.lengths.get(name), encode=encode)
         if "length" in r:
             r.update(flat_length_metrics(r.pop("length")))
         add(name, r)
-    encode = encoder_fn(model, cfg.batch_size, device)
     for name, data in sets.sts.items():
         add(name, evaluate_sts(encode, data, scorer, same_sides=same_sides(model)))
     for name, data in sets.rag.items():
