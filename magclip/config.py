@@ -604,9 +604,6 @@ def _check_lora(cfg: RunConfig | TextRunConfig) -> None:
         raise ConfigError(f"model.lora.r={lora.r} with model.{locked[0]}=true: LoRA freezes every weight of the "
                           "towers already; to leave a tower without adapters, name modules of the other one in "
                           "model.lora.target_modules")
-    if cfg.train.precision == "bf16" and cfg.eval.precision == "fp32":
-        raise ConfigError("model.lora with train.precision=bf16 holds the frozen base in bf16, which cannot encode in "
-                          "fp32 without a second, fp32 copy of the model: set eval.precision=bf16 (or auto)")
 
 
 def signal_numbers(names: list[str]) -> list[signal.Signals]:

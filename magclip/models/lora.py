@@ -228,14 +228,6 @@ def check_sharding(model: nn.Module, sharding: str) -> None:
                         "model.lora.target_modules (the default adapts the Linear layers) or use train.sharding=ddp")
 
 
-def check_evaluation_dtype(base_dtype: torch.dtype, eval_precision: str) -> None:
-    """A bf16 base encodes in bf16 only: an fp32 evaluation would need a second, fp32 copy of the whole model."""
-    if base_dtype == torch.bfloat16 and eval_precision == "fp32":
-        raise LoRAError("model.lora with train.precision resolving to bf16 holds the frozen base in bf16, which cannot "
-                        "encode in fp32 without a second, fp32 copy of the model: set eval.precision=bf16 (or auto), "
-                        "or train.precision=fp32")
-
-
 def adapt_clip(raw: nn.Module, cfg: Any, preprocess: Callable, tokenizer: Callable, precision: str,
                sharding: str = "ddp") -> torch.dtype:
     """LoRA on a `RawCLIP`'s open_clip model, in place (`raw.clip` becomes a PeftModel over both towers); the probe

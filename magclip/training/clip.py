@@ -26,7 +26,7 @@ from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.metrics.relevance import MATCHING
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
-from magclip.models.lora import ADAPTER_DIR, adapt_clip, check_evaluation_dtype, is_peft, lora_on, merged_model, save_adapter
+from magclip.models.lora import ADAPTER_DIR, adapt_clip, is_peft, lora_on, merged_model, save_adapter
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
 from magclip.temperature import (
     SIGLIP_INIT_BIAS,
@@ -172,10 +172,10 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                          lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
                          device=accelerator.device,
                          **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
-    if lora_on(cfg.model.lora):  # model.lora: adapters through peft (models/lora.py), the base frozen
+    base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
+    if lora_on(cfg.model.lora):
         base_dtype = adapt_clip(bundle.model, cfg.model.lora, bundle.preprocess_val, bundle.tokenizer,
                                 resolve_precision(cfg.train.precision, accelerator.device)[0], cfg.train.sharding)
-        check_evaluation_dtype(base_dtype, resolve_precision(cfg.eval.precision, accelerator.device)[0])
     module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss),
                              logit_bias).to(accelerator.device)
     if cfg.model.pretrained and cfg.train.resume is None:
@@ -216,7 +216,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         log.warning("no validation shards (data.val): the run ends without a retrieval evaluation")
 
     share = evaluation_share(cfg.train.sharding, accelerator)  # under fsdp every rank encodes its share
-    precision = evaluation_precision(cfg.eval.precision, share, accelerator)
+    precision = evaluation_precision(cfg.eval.precision, share, accelerator, base_dtype)
     eval_precision = evaluation_autocast(precision, accelerator.device)[1]
     log.info("evaluation precision: %s", eval_precision)
 

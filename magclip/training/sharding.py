@@ -317,10 +317,17 @@ def evaluation_share(sharding: str, accelerator: Accelerator) -> Share:
     return Share()
 
 
-def evaluation_precision(asked: str, share: Share, accelerator: Accelerator) -> str:
-    """The precision an evaluation encodes in: `asked` (eval.precision), but bf16 in a sharded evaluation of a bf16
-    run, whose gathered parameters FSDP holds in bf16 (fp32 inputs would not meet them outside autocast)."""
-    return "bf16" if share.sharded and accelerator.mixed_precision == "bf16" else asked
+def evaluation_precision(asked: str, share: Share, accelerator: Accelerator,
+                         base_dtype: torch.dtype | None = None) -> str:
+    """The precision an evaluation encodes in: `asked` (eval.precision), but bf16 where the weights it meets are bf16
+    (fp32 inputs would not meet them outside autocast, and an fp32 evaluation would need a second, fp32 copy of the
+    model): a sharded evaluation of a bf16 run, whose gathered parameters FSDP holds in bf16, or a LoRA run whose
+    frozen base is held in bf16 (`base_dtype`). Said once in the log and recorded as the run's eval_precision."""
+    bf16 = (share.sharded and accelerator.mixed_precision == "bf16") or base_dtype == torch.bfloat16
+    if bf16 and asked != "bf16":
+        log.info("eval.precision=%s: the evaluated weights are bf16 (%s), so evaluations encode in bf16", asked,
+                 "the frozen LoRA base" if base_dtype == torch.bfloat16 else "FSDP's gathered parameters")
+    return "bf16" if bf16 else asked
 
 
 def make_sharding(name: str, accelerator: Accelerator, precision: str) -> Sharding:

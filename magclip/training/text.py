@@ -31,7 +31,7 @@ from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_fro
 from magclip.distributed import Share
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
-from magclip.models.lora import ADAPTER_DIR, adapt_text, check_evaluation_dtype, lora_on, merged_encoder, save_text_adapters
+from magclip.models.lora import ADAPTER_DIR, adapt_text, lora_on, merged_encoder, save_text_adapters
 from magclip.models.text import BiEncoder, resolve_model_path
 from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
@@ -171,10 +171,9 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     torch.manual_seed(cfg.train.seed)
     records, read_skips, train_columns = load_records(cfg.data)
     encoder = load_encoder(cfg.model)
-    lora = lora_on(cfg.model.lora)
-    if lora:  # model.lora: adapters through peft (models/lora.py), the base frozen
+    base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
+    if lora_on(cfg.model.lora):
         base_dtype = adapt_text(encoder, cfg.model.lora, resolve_precision(cfg.train.precision, accelerator.device)[0])
-        check_evaluation_dtype(base_dtype, resolve_precision(cfg.eval.precision, accelerator.device)[0])
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
@@ -201,7 +200,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     eval_sets = TextEvalSets.load(cfg.eval, encoder) if accelerator.is_main_process else TextEvalSets()
 
     share = evaluation_share(cfg.train.sharding, accelerator)  # under fsdp every rank encodes its share
-    precision = evaluation_precision(cfg.eval.precision, share, accelerator)
+    precision = evaluation_precision(cfg.eval.precision, share, accelerator, base_dtype)
     eval_precision = evaluation_autocast(precision, accelerator.device)[1]
     if eval_sets:
         log.info("evaluation precision: %s", eval_precision)

@@ -123,15 +123,15 @@ def test_lora_under_fsdp_on_two_processes(tmp_path):
     assert SentenceTransformer(str(steps[1] / "model"), device="cpu").encode_query(["a cat"]).shape == (1, 32)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.lora.r=-1", "model.lora.r must be >= 0"),
-    ("train.precision=bf16", "holds the frozen base in bf16, which cannot encode in fp32"),
+@pytest.mark.parametrize("override, message, before_run_folder", [
+    ("model.lora.r=-1", "model.lora.r must be >= 0", True),                       # the config's own check
+    ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules", False),  # checked on the towers
 ])
-def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, override, message):
+def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, override, message, before_run_folder):
     proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), "model.lora.r=4", override,
                            f"output_dir={tmp_path}"], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
-    assert not (tmp_path / "default").exists()
+    assert (tmp_path / "default").exists() is not before_run_folder
