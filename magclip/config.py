@@ -599,6 +599,10 @@ def _check_lora(cfg: RunConfig | TextRunConfig) -> None:
                           "([c_fc, c_proj]), one regex string (peft's full match), or null (the default)")
     if lora.r == 0:
         return
+    if cfg.train.save_full_model == "never":
+        raise ConfigError(f"model.lora.r={lora.r} with train.save_full_model=never: a LoRA run writes its adapter "
+                          "(adapter/) and the merged model with the model files, so it would save neither; use last "
+                          "(the final checkpoint only) or every")
     locked = [k for k in ("lock_text", "lock_image") if getattr(cfg.model, k, False)]
     if locked:
         raise ConfigError(f"model.lora.r={lora.r} with model.{locked[0]}=true: LoRA freezes every weight of the "

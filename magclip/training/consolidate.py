@@ -158,6 +158,11 @@ def consolidate(step: str | Path, out: str | Path | None = None) -> Consolidated
         raise FileNotFoundError(f"{checkpoint.step} records no config.yaml (nor does its run folder): the model it "
                                 "holds cannot be rebuilt to consolidate it")
     raw, source = found
+    lora = (raw.get("model") or {}).get("lora") or {}
+    if lora.get("r"):
+        raise ValueError(f"{checkpoint.step} belongs to a LoRA run (model.lora.r={lora['r']}): its shards hold peft's "
+                         "base and adapter tensors, which this command does not merge; the run writes the adapter "
+                         "(adapter/) and the merged model itself at the checkpoints train.save_full_model names")
     if any(name.startswith("clip.clip.") for name in checkpoint.tensors):
         return _consolidate_clip(checkpoint, from_dict(RunConfig, raw, str(source)), Path(out or checkpoint.step))
     if any(name.startswith("encoder.") for name in checkpoint.tensors):
