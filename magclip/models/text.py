@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from magclip.config import POOLINGS
 from magclip.io import atomic_write_json, load_error
+from magclip.models import build
 
 log = logging.getLogger("magclip.text")
 
@@ -454,6 +455,11 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
     if not {"dtype", "torch_dtype"} & set(hf_kwargs):   # the keyword is `torch_dtype` before 4.56
         dtype_key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
         hf_kwargs = {**hf_kwargs, dtype_key: torch.float32}
+    if build.building_on_meta() and set(hf_kwargs) <= {"dtype", "torch_dtype"}:
+        # under build.on_meta() (train.sharding=fsdp): the structure on the meta device, read shard by shard later
+        model = build.hf_model_on_meta(path, next(iter(hf_kwargs.values())))
+        if model is not None:
+            return model
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:
