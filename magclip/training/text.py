@@ -196,7 +196,8 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     write_run_config(cfg, run_dir, accelerator)
 
     # after a meta-device start the main process evaluates the start gathered from the shards (every rank gathers)
-    start_module = sharding.eval_module(module) if sharding is not None and cfg.eval.at_start else module
+    evaluates = bool(cfg.eval.beir or cfg.eval.sts or cfg.eval.rag)
+    start_module = sharding.eval_module(module) if sharding is not None and cfg.eval.at_start and evaluates else module
 
     def evaluate_start() -> RetrievalMetrics:
         start_module.eval()
