@@ -20,7 +20,8 @@ Rows (`train.sharding` and overrides): `ddp` full fine-tuning (every process bui
 eagerly: also the pre-change fsdp start, which built the whole model on every rank and broadcast it), `fsdp` full
 fine-tuning (meta-device start), `fsdp_lora` (`model.lora.r=16`: skipped, with the reason, while the config does
 not know the key). A row whose estimated need (16 bytes a parameter per replica or /W per shard, plus the
-consolidated model on the main process at the checkpoint, plus ~1.2 GiB of runtime a process) does not fit in
+consolidated model on the main process at the checkpoint, plus ~1.2 GiB of runtime and ~2.5 GiB of a step's
+transients a process, as measured) does not fit in
 the memory available is skipped and said so.
 
 What is measured, per process: `ru_maxrss` (resource.getrusage(RUSAGE_SELF), the peak resident set since the
@@ -63,8 +64,10 @@ TINY_DECODER = {"vocab_size": 400, "hidden_size": 32, "intermediate_size": 48, "
 ROWS = {"ddp": ["train.sharding=ddp"], "fsdp": ["train.sharding=fsdp"],
         "fsdp_lora": ["train.sharding=fsdp", "model.lora.r=16"]}
 RUNTIME_BYTES = int(1.2 * GIB)   # a process's Python, torch, transformers and gloo before any model
-WORDS = ("the a of and to in is was for on with as by at from cat dog sat mat query passage protein cell cancer "
-         "brain white matter gene study results human model data red blue green small large").split()
+STEP_BYTES = int(2.5 * GIB)      # a step's transients beyond the state, as measured here at fsdp W=2 (0.5 B decoder)
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "cat", "dog",
+         "sat", "mat", "query", "passage", "protein", "cell", "cancer", "brain", "white", "matter", "gene", "study",
+         "results", "human", "model", "data", "red", "blue", "green", "small", "large"]
 
 
 # ============================================================================ the model folder and the data
@@ -128,12 +131,13 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of the real command; its ru_maxrss at the first checkpoint and at the end into RESULT_DIR."""
     import torch.distributed as dist
 
+    import magclip.training.text  # noqa: F401  (the trainer's imports: the runtime before any model)
     from magclip.cli import as_command
     from magclip.cli.train_text import main
     from magclip.training import meta_start
     from magclip.training.engine import Engine
 
-    record: dict[str, Any] = {}
+    record: dict[str, Any] = {"runtime_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
     save = Engine.save_checkpoint
 
     def noting_the_peak(engine: Engine):
@@ -141,6 +145,13 @@ def worker(args: argparse.Namespace) -> None:
         return save(engine)
 
     Engine.save_checkpoint = noting_the_peak   # reads a number, changes nothing the run does
+    fit = Engine.fit
+
+    def noting_the_start(engine: Engine):
+        record["peak_at_start_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return fit(engine)
+
+    Engine.fit = noting_the_start
     fill = meta_start.materialise
 
     def noting_the_reads(module, device):   # the meta-device start: what this rank read of the weights files
@@ -187,7 +198,8 @@ def estimated_need(row: str, world: int, parameters: int) -> int:
     consolidated model at the checkpoint (4 B a parameter), and each process's runtime."""
     fp32 = 4 * parameters
     per_process = {"ddp": 4 * fp32, "fsdp": 4 * fp32 // world, "fsdp_lora": fp32 // world}[row]
-    return world * (per_process + RUNTIME_BYTES) + fp32 + fp32 // 4   # + the activations of a small batch
+    transients = STEP_BYTES * parameters // 494_032_768   # scaled from the measured 0.5 B decoder
+    return world * (per_process + RUNTIME_BYTES + transients) + fp32   # + the checkpoint's consolidated model
 
 
 def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_root: Path) -> list[dict[str, Any]]:
@@ -210,16 +222,22 @@ def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_roo
 
 def markdown(doc: dict[str, Any]) -> str:
     full = doc["setup"]["fp32_weight_bytes"]
-    lines = [f"| row | W | peak RSS of each rank, to the first checkpoint (GiB) | peak RSS of each rank, whole run "
-             f"(GiB) | largest / full fp32 weights ({full / GIB:.2f} GiB) |", "|---|---|---|---|---|"]
-    for key, records in doc["ranks"].items():
+    header = (f"| row | W | peak RSS of each rank after the start (GiB) | largest / full fp32 weights "
+              f"({full / GIB:.2f} GiB) | peak RSS of each rank, to the checkpoint (GiB) | peak RSS of each rank, "
+              "whole run (GiB) |")
+    lines = [header, "|---|---|---|---|---|---|"]
+
+    def gib(records: list[dict[str, Any]], key: str) -> str:
+        return ", ".join(f"{r[key] * KIB / GIB:.2f}" if key in r else "—" for r in records)
+
+    for key, records in sorted(doc["ranks"].items(), key=lambda kv: (list(ROWS).index(kv[0].rsplit("_", 1)[0]),
+                                                                       int(kv[0].rsplit("_", 1)[1]))):
         row, world = key.rsplit("_", 1)
-        before = ", ".join(f"{r.get('peak_before_checkpoint_kib', 0) * KIB / GIB:.2f}" for r in records)
-        whole = ", ".join(f"{r['peak_kib'] * KIB / GIB:.2f}" for r in records)
-        largest = max(r.get("peak_before_checkpoint_kib", r["peak_kib"]) for r in records) * KIB / full
-        lines.append(f"| {row} | {world} | {before} | {whole} | {largest:.2f} |")
-    for s in doc["skipped"]:
-        lines.append(f"| {s['row']} | {s['world']} | skipped: {s['why']} | | |")
+        start = max(r.get("peak_at_start_kib", 0) for r in records) * KIB / full
+        lines.append(f"| {row} | {world} | {gib(records, 'peak_at_start_kib')} | {start:.2f} | "
+                     f"{gib(records, 'peak_before_checkpoint_kib')} | {gib(records, 'peak_kib')} |")
+    for s in doc["skipped"] + doc.get("failed", []):
+        lines.append(f"| {s['row']} | {s['world']} | skipped: {s['why'][:120]} | | | |")
     return "\n".join(lines)
 
 
@@ -234,6 +252,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     p.add_argument("--work-dir", default=None, help="where the model folder and runs go (default: a temporary one)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for every row (e.g. train.save_full_model=never)")
+    p.add_argument("--append", action="store_true", help="keep the other rows of an existing --out")
     p.add_argument("--out", default=None, help="default results/sharded_start.json (--tiny: sharded_start_tiny.json)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
@@ -248,7 +267,11 @@ def main() -> None:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_sharded_start_"))
     decoder = TINY_DECODER if args.tiny else DECODER
     t0 = time.perf_counter()
-    parameters = make_decoder_folder(work / "decoder", decoder, "20KB" if args.tiny else "500MB")
+    if (work / "decoder" / "config.json").is_file():   # a --work-dir kept from an earlier run: the same folder
+        parameters = json.loads((work / "decoder_parameters.json").read_text())["parameters"]
+    else:
+        parameters = make_decoder_folder(work / "decoder", decoder, "20KB" if args.tiny else "500MB")
+        (work / "decoder_parameters.json").write_text(json.dumps({"parameters": parameters}))
     print(f"decoder folder: {parameters / 1e6:.1f} M parameters, {time.perf_counter() - t0:.0f} s", flush=True)
     make_pairs(work / "pairs.jsonl", 256)
     config = work / "config.yaml"
@@ -258,10 +281,20 @@ def main() -> None:
                      "weights_files": sorted(f.name for f in (work / "decoder").glob("*.safetensors*")),
                      "batch_per_process": args.batch, "tokens": args.seq, "steps": args.steps, "precision": "fp32",
                      "config": config.read_text(), "extra_overrides": args.extra},
-           "measures": {"peak_before_checkpoint_kib": "ru_maxrss (KiB) when the trainer enters its first checkpoint: "
+           "measures": {"runtime_kib": "ru_maxrss (KiB) after the trainer's imports, before the process group "
+                                        "and any model: the runtime every process pays",
+                        "peak_at_start_kib": "ru_maxrss (KiB) when the training loop begins: the model built, "
+                                              "loaded (and under fsdp sharded), the optimizer made, no step taken",
+                        "peak_before_checkpoint_kib": "ru_maxrss (KiB) when the trainer enters its first checkpoint: "
                                                       "the start, the optimizer state and the training steps",
                         "peak_kib": "ru_maxrss (KiB) at the end of the command: the whole run, checkpoint included"},
-           "ranks": {}, "skipped": []}
+           "ranks": {}, "skipped": [], "failed": []}
+    if args.append and out.is_file():   # add rows to an earlier run's results (the same setup)
+        before = json.loads(out.read_text())
+        redo = {(r, int(w)) for r in args.rows.split(",") for w in args.worlds.split(",")}
+        doc["ranks"] = {k: v for k, v in before["ranks"].items()
+                        if (k.rsplit("_", 1)[0], int(k.rsplit("_", 1)[1])) not in redo}
+        doc["skipped"] = [s for s in before["skipped"] if (s["row"], s["world"]) not in redo]
     for row in args.rows.split(","):
         for world in [int(w) for w in args.worlds.split(",")]:
             unknown = unknown_override([*ROWS[row], *args.extra])
@@ -272,7 +305,11 @@ def main() -> None:
                 print(f"SKIP {row} W={world}: {why}", flush=True)
                 doc["skipped"].append({"row": row, "world": world, "why": why, "need_bytes": need})
                 continue
-            doc["ranks"][f"{row}_{world}"] = launch(row, world, args, config, work / "runs")
+            try:
+                doc["ranks"][f"{row}_{world}"] = launch(row, world, args, config, work / "runs")
+            except RuntimeError as exn:   # recorded; the next row goes on (a shared machine's OOM killer, ...)
+                print(str(exn)[-2000:], flush=True)
+                doc["failed"].append({"row": row, "world": world, "why": str(exn)[-600:]})
             write_json(out, doc)   # after every launch: a cut-off run keeps what it measured
     doc["table_markdown"] = markdown(doc)
     write_json(out, doc)

@@ -101,7 +101,7 @@ def file_tensors(file: Path) -> dict[str, tuple[int, ...]]:
         from safetensors import safe_open
 
         with safe_open(str(file), framework="pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     state = _open_clip_state(torch.load(file, map_location="cpu", mmap=True, weights_only=True))
     return {k: tuple(v.shape) for k, v in state.items() if torch.is_tensor(v)}
 

@@ -59,7 +59,13 @@ from magclip.training.checkpoints import (
 from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.metrics_log import MetricsLog, ResumePoint
 from magclip.training.preemption import StopGuard, state_bytes
-from magclip.training.sharding import SHARDED_DIR, Sharding, load_training_weights, make_sharding, save_sharded
+from magclip.training.sharding import (
+    SHARDED_DIR,
+    Sharding,
+    load_training_weights,
+    make_sharding,
+    save_sharded,
+)
 
 __all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "RunWriteError", "TrainModule"]
 

@@ -102,7 +102,7 @@ def check(case: dict, accelerator) -> dict:
 
 
 if __name__ == "__main__":
-    faulthandler.dump_traceback_later(float(os.environ.get("MAGCLIP_TEST_HANG_S", 240)), exit=True)
+    faulthandler.dump_traceback_later(float(os.environ.get("MAGCLIP_TEST_HANG_S", "240")), exit=True)
     out, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     accelerator = make_accelerator(TrainConfig(precision="fp32"), out)
     rank, w = world()
