@@ -1,7 +1,7 @@
 """Every process's peak memory of a real text run of a ~0.5 B decoder embedder: ddp, fsdp with the meta-device
 start, fsdp + LoRA, at 1, 2 and 4 CPU processes (issue 54, part 4).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sharded_start.py                      # the 0.5 B decoder (~40 min here)
+    OMP_NUM_THREADS=1 python benchmarks/bench_sharded_start.py                      # the 0.5 B decoder (~10 min here)
     OMP_NUM_THREADS=1 python benchmarks/bench_sharded_start.py --tiny --worlds 1,2  # smoke check, ~3 min
 
 Why: under `train.sharding: fsdp` no process should ever hold the full fp32 model (magclip/training/meta_start.py:
@@ -20,12 +20,14 @@ Rows (`train.sharding` and overrides): `ddp` full fine-tuning (every process bui
 eagerly: also the pre-change fsdp start, which built the whole model on every rank and broadcast it), `fsdp` full
 fine-tuning (meta-device start), `fsdp_lora` (`model.lora.r=16`: skipped, with the reason, while the config does
 not know the key). A row whose estimated need (16 bytes a parameter per replica or /W per shard, plus the
-consolidated model on the main process at the checkpoint, plus ~1.2 GiB of runtime and ~2.5 GiB of a step's
+consolidated model on the main process at the checkpoint, plus ~0.7 GiB of runtime and ~2.5 GiB of a step's
 transients a process, as measured) does not fit in
 the memory available is skipped and said so.
 
 What is measured, per process: `ru_maxrss` (resource.getrusage(RUSAGE_SELF), the peak resident set since the
-process started), read when the trainer enters its first checkpoint (`peak_before_checkpoint_kib`: the start, the
+process started), read after the trainer's imports (`runtime_kib`), when the training loop begins
+(`peak_at_start_kib`: the model built, loaded, sharded, the optimizer made), when the trainer enters its first
+checkpoint (`peak_before_checkpoint_kib`: the start, the
 optimizer state and the training steps) and at the end (`peak_kib`: also the checkpoint, where the main process
 gathers the consolidated model files unless `train.save_full_model=never` is known and passed). Beside: the full
 fp32 weight bytes. Writes benchmarks/results/sharded_start.json and prints a Markdown table.
@@ -63,7 +65,7 @@ TINY_DECODER = {"vocab_size": 400, "hidden_size": 32, "intermediate_size": 48, "
                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
 ROWS = {"ddp": ["train.sharding=ddp"], "fsdp": ["train.sharding=fsdp"],
         "fsdp_lora": ["train.sharding=fsdp", "model.lora.r=16"]}
-RUNTIME_BYTES = int(1.2 * GIB)   # a process's Python, torch, transformers and gloo before any model
+RUNTIME_BYTES = int(0.7 * GIB)   # a process's Python, torch, transformers and gloo before any model (0.58 measured)
 STEP_BYTES = int(2.5 * GIB)      # a step's transients beyond the state, as measured here at fsdp W=2 (0.5 B decoder)
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "cat", "dog",
          "sat", "mat", "query", "passage", "protein", "cell", "cancer", "brain", "white", "matter", "gene", "study",
@@ -199,7 +201,7 @@ def estimated_need(row: str, world: int, parameters: int) -> int:
     fp32 = 4 * parameters
     per_process = {"ddp": 4 * fp32, "fsdp": 4 * fp32 // world, "fsdp_lora": fp32 // world}[row]
     transients = STEP_BYTES * parameters // 494_032_768   # scaled from the measured 0.5 B decoder
-    return world * (per_process + RUNTIME_BYTES + transients) + fp32   # + the checkpoint's consolidated model
+    return world * (per_process + RUNTIME_BYTES + transients) + fp32 // 2   # + the main process's checkpoint
 
 
 def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_root: Path) -> list[dict[str, Any]]:

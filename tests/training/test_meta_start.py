@@ -35,12 +35,16 @@ def sharded_copy(folder: Path, target: Path) -> Path:
 
 
 def st_folder(bert: Path, target: Path) -> Path:
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    try:
+        from sentence_transformers.sentence_transformer import modules as stm
+    except ImportError:  # sentence-transformers 5
+        from sentence_transformers import models as stm
 
     torch.manual_seed(3)
-    transformer = models.Transformer(str(bert), max_seq_length=32)
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), "mean")
-    SentenceTransformer(modules=[transformer, pooling, models.Dense(32, 16)], device="cpu").save(str(target))
+    transformer = stm.Transformer(str(bert), max_seq_length=32)
+    pooling = stm.Pooling(32, "mean")
+    SentenceTransformer(modules=[transformer, pooling, stm.Dense(32, 16)], device="cpu").save(str(target))
     return target
 
 
