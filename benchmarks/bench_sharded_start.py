@@ -151,6 +151,11 @@ def worker(args: argparse.Namespace) -> None:
 
     def noting_the_start(engine: Engine):
         record["peak_at_start_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if args.start_only:   # the start alone: where training would not fit this machine
+            record.update({"rank": engine.acc.process_index, "world": engine.acc.num_processes, "start_only": True})
+            (Path(args.result_dir) / f"rank{engine.acc.process_index}.json").write_text(json.dumps(record))
+            engine.acc.wait_for_everyone()
+            os._exit(0)
         return fit(engine)
 
     Engine.fit = noting_the_start
@@ -194,11 +199,13 @@ def unknown_override(overrides: list[str]) -> str | None:
     return None
 
 
-def estimated_need(row: str, world: int, parameters: int) -> int:
+def estimated_need(row: str, world: int, parameters: int, start_only: bool = False) -> int:
     """Bytes the launch needs on this machine: weights, gradients, AdamW's two moments (16 B a parameter) whole on
     every ddp process or /W under fsdp (LoRA: the frozen weights /W, a few MB trained), the main process's
     consolidated model at the checkpoint (4 B a parameter), and each process's runtime."""
     fp32 = 4 * parameters
+    if start_only:   # the weights whole (eager) or their shards, the runtime, the reading
+        return world * ((fp32 if row == "ddp" else fp32 // world) + RUNTIME_BYTES + fp32 // 4)
     per_process = {"ddp": 4 * fp32, "fsdp": 4 * fp32 // world, "fsdp_lora": fp32 // world}[row]
     transients = STEP_BYTES * parameters // 494_032_768   # scaled from the measured 0.5 B decoder
     return world * (per_process + RUNTIME_BYTES + transients) + fp32 // 2   # + the main process's checkpoint
@@ -208,7 +215,8 @@ def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_roo
     with tempfile.TemporaryDirectory(prefix="sharded_start_") as tmp:
         overrides = [*ROWS[row], *args.extra, f"output_dir={run_root}", f"name={row}_{world}", "overwrite=true"]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", __file__,
-               "--worker", "--world", str(world), "--result-dir", tmp, "--config", str(config), "--", *overrides]
+               "--worker", "--world", str(world), "--result-dir", tmp, "--config", str(config),
+               *(["--start-only"] if args.start_only else []), "--", *overrides]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         t0 = time.perf_counter()
@@ -218,7 +226,7 @@ def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_roo
             raise RuntimeError(f"{row} W={world} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
         records = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(world)]
         print(f"{row} W={world}: {time.perf_counter() - t0:.0f} s; peak KiB by rank "
-              f"{[r['peak_kib'] for r in records]}", flush=True)
+              f"{[r.get('peak_kib', r.get('peak_at_start_kib')) for r in records]}", flush=True)
         return records
 
 
@@ -236,6 +244,7 @@ def markdown(doc: dict[str, Any]) -> str:
                                                                        int(kv[0].rsplit("_", 1)[1]))):
         row, world = key.rsplit("_", 1)
         start = max(r.get("peak_at_start_kib", 0) for r in records) * KIB / full
+        row += " (the start only)" if records[0].get("start_only") else ""
         lines.append(f"| {row} | {world} | {gib(records, 'peak_at_start_kib')} | {start:.2f} | "
                      f"{gib(records, 'peak_before_checkpoint_kib')} | {gib(records, 'peak_kib')} |")
     for s in doc["skipped"] + doc.get("failed", []):
@@ -254,6 +263,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     p.add_argument("--work-dir", default=None, help="where the model folder and runs go (default: a temporary one)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for every row (e.g. train.save_full_model=never)")
+    p.add_argument("--start-only", action="store_true", help="stop each launch when training would begin: the "
+                   "start's peak alone (rows that cannot train on this machine)")
     p.add_argument("--append", action="store_true", help="keep the other rows of an existing --out")
     p.add_argument("--out", default=None, help="default results/sharded_start.json (--tiny: sharded_start_tiny.json)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -300,7 +311,7 @@ def main() -> None:
     for row in args.rows.split(","):
         for world in [int(w) for w in args.worlds.split(",")]:
             unknown = unknown_override([*ROWS[row], *args.extra])
-            need, free = estimated_need(row, world, parameters), available_bytes()
+            need, free = estimated_need(row, world, parameters, args.start_only), available_bytes()
             why = (f"the config has no key {unknown} in this checkout" if unknown else
                    f"needs ~{need / GIB:.1f} GiB, {free / GIB:.1f} GiB available" if need > free else None)
             if why:
