@@ -12,7 +12,15 @@ per GPU, started by torchrun; NCCL) trains, one after the other, in this order w
 2. a ~1.1 B decoder embedder: a Qwen3 built here (hidden 2048, 16 layers, 16 heads / 8 kv heads, intermediate 6144,
    vocab 151,936), one shared tower pooled at its last token (magclip BiEncoder), `--text-batch` query-passage
    pairs per GPU (default 32) of `--seq` tokens (default 128), RetrievalLoss cosine, under fsdp;
-3. and 4. the same two under ddp, the reference (skipped when the budget is short).
+3. and 4. the same two under ddp, the reference (skipped when the budget is short);
+5. `text7b:fsdp_lora` (in --runs to ask for it): a ~7.1 B decoder embedder (the Qwen2-7B layout: hidden 3584,
+   28 layers, 28 heads / 4 kv heads, intermediate 18944, vocab 152,064) built on the meta device
+   (magclip.models.build), LoRA adapters r=16 on its attention projections (peft's `inject_adapter_in_model`, the
+   base frozen), sharded by the engine's own meta-device start (training/meta_start.py) and filled shard by shard
+   from a random source (no 28 GB weights file to read on the GPU machine: `RandomWeights` hands each rank its rows
+   of a seeded random tensor, lora_B zero), so no GPU and no host process ever holds the whole model.
+   `--dry-run` builds it on the meta device only and prints its parameter count and each rank's bytes at 1-8
+   GPUs, allocating nothing (runs on a CPU: `python benchmarks/bench_gpu_sharding.py --dry-run`).
 
 Each run: `train.precision=bf16` (accelerate autocast; under fsdp the gathered parameters and the compute are
 bf16, the shards, the master weights and the gradient reduction fp32), fused AdamW, grad clipping 1.0,
@@ -34,6 +42,7 @@ import gc
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +60,98 @@ from bench_sharding_memory import (
     train_config,
 )
 
+from magclip.training.meta_start import start_sharded
+
 GIB = 2 ** 30
 # ~1.1 B parameters (Qwen3-1.7B's width with 16 of its 28 layers): 311 M of embeddings + 16 x 50.3 M
 DECODER_1B = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 16,
               "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 2048}
+
+# ~7.1 B parameters: the Qwen2-7B layout (AutoModel: no LM head), the size of the paper's retriever condition
+DECODER_7B = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+              "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 4096}
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+
+
+class RandomWeights:
+    """A weights source (magclip.models.build.WeightsSource's reading side) of seeded random tensors: each rank
+    reads the rows it owns of the same tensor (normal std 0.02, ones for norms, zeros for LoRA's B, as their
+    initialisations), so the engine's meta-device start fills a model that has no weights file."""
+
+    def __init__(self, module: Any):
+        self.keys = {k: (None, k) for k, t in module.state_dict(keep_vars=True).items() if t.is_meta}
+        self.shapes = {k: tuple(t.shape) for k, t in module.state_dict(keep_vars=True).items() if t.is_meta}
+
+    def read(self, key: str, rows: tuple[int, int] | None = None) -> Any:
+        import torch
+
+        shape = self.shapes[key]
+        start, stop = rows if rows is not None else (0, shape[0] if shape else 0)
+        part = (stop - start, *shape[1:]) if shape else ()
+        if "lora_B" in key:
+            return torch.zeros(part)
+        if key.endswith("norm.weight"):
+            return torch.ones(part)
+        g = torch.Generator().manual_seed(zlib.crc32(key.encode()) + start)   # the same on every rank
+        return torch.randn(part, generator=g) * 0.02
+
+    def close(self) -> None:
+        pass
+
+
+def lora_decoder_module(config: dict[str, Any], max_length: int) -> Any:
+    """A TextTrainModule around a decoder built on the meta device with LoRA adapters (the base frozen) and a
+    RandomWeights source: nothing of it is allocated until the engine shards and fills it."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import Qwen2Config, Qwen2Model
+
+    from magclip.config import TextLossConfig
+    from magclip.losses import RetrievalLoss
+    from magclip.models.build import attach, parameters_on_meta
+    from magclip.models.text import BiEncoder, TextEncoderSettings
+    from magclip.similarity import make_scorer
+    from magclip.training.text import TextTrainModule, build_logit_scale
+
+    with parameters_on_meta():
+        decoder = Qwen2Model(Qwen2Config(**config))
+        decoder = inject_adapter_in_model(LoraConfig(**LORA), decoder)
+    for name, p in decoder.named_parameters():
+        p.requires_grad_("lora_" in name)
+    attach(decoder, RandomWeights(decoder))
+    settings = TextEncoderSettings(pooling="last", query_max_length=max_length, passage_max_length=max_length)
+    encoder = BiEncoder(decoder, None, settings, source="random Qwen2 7B + LoRA")
+    loss_cfg = TextLossConfig()
+    return TextTrainModule(encoder, RetrievalLoss(make_scorer(loss_cfg.mode), 1, False), build_logit_scale(loss_cfg))
+
+
+def dry_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The 7 B LoRA module on the meta device: parameter counts and each rank's bytes under fsdp, nothing allocated."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    module = lora_decoder_module(DECODER_7B, args.seq)
+    params = list(module.named_parameters())
+    total = sum(p.numel() for _, p in params)
+    trained = sum(p.numel() for _, p in params if p.requires_grad)
+    meta = all(p.is_meta for n, p in params if n.startswith("encoder."))
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    per_rank = {}
+    for world in (1, 2, 4, 8):
+        # fp32 shards of every parameter; AdamW's two moments and the gradients of the trained ones only (LoRA and
+        # the loss parameters: replicated or sharded, at most whole); bf16 gathered units come and go per block
+        shards = 4 * total / world
+        per_rank[world] = {"parameter_shard_bytes": shards, "trained_state_bytes": 12 * trained,
+                           "sum_gib": (shards + 12 * trained) / GIB}
+    out = {"parameters": total, "trained_parameters": trained, "fp32_bytes": 4 * total,
+           "encoder_on_meta": meta, "host_memory_grown_bytes": grown, "per_rank": per_rank}
+    print(f"7B decoder + LoRA r={LORA['r']}: {total / 1e9:.3f} B parameters ({4 * total / GIB:.1f} GiB in fp32), "
+          f"{trained / 1e6:.1f} M trained; built on the meta device: {meta}; host memory grown by "
+          f"{grown / 2**20:.0f} MiB while building")
+    for world, r in per_rank.items():
+        print(f"  fsdp on {world} GPU(s): {r['parameter_shard_bytes'] / GIB:.2f} GiB of parameter shards + "
+              f"{r['trained_state_bytes'] / GIB:.3f} GiB of LoRA gradients and AdamW state = {r['sum_gib']:.2f} GiB "
+              f"per GPU before activations")
+    return out
 
 
 def build(model: str, args: argparse.Namespace, device: Any, seed: int) -> tuple[Any, dict[str, Any]]:
@@ -77,6 +174,10 @@ def build(model: str, args: argparse.Namespace, device: Any, seed: int) -> tuple
         size = getattr(inner.visual, "image_size", 224)
         size = int(size[0] if isinstance(size, (tuple, list)) else size)
         return module, clip_batch(args.clip_batch, size, int(getattr(inner, "context_length", 77)), seed)
+    if model == "text7b":   # on the meta device: the engine's meta-device start shards and fills it
+        decoder = TINY_DECODER if args.tiny else DECODER_7B
+        seq = min(args.seq, decoder["max_position_embeddings"])
+        return lora_decoder_module(decoder, seq), text_batch(args.text_batch, seq, decoder["vocab_size"], seed)
     decoder = TINY_DECODER if args.tiny else DECODER_1B
     seq = min(args.seq, decoder["max_position_embeddings"])
     with torch.device(device):
@@ -91,7 +192,8 @@ def one_run(model: str, sharding: str, args: argparse.Namespace) -> dict[str, An
     from magclip.training.accelerator import make_accelerator
 
     cuda = torch.cuda.is_available()
-    cfg = train_config(sharding, args.precision, args.clip_batch if model == "clip" else args.text_batch)
+    cfg = train_config(sharding.removesuffix("_lora"), args.precision,
+                       args.clip_batch if model == "clip" else args.text_batch)
     run_dir = Path(args.work) / f"{model}_{sharding}"
     acc = make_accelerator(cfg, run_dir)
     if cuda:
@@ -99,7 +201,7 @@ def one_run(model: str, sharding: str, args: argparse.Namespace) -> dict[str, An
         torch.cuda.reset_peak_memory_stats()
     t_build = time.perf_counter()
     module, batch = build(model, args, acc.device, seed=acc.process_index)
-    engine = make_engine(module, cfg, acc, run_dir)
+    engine = make_engine(module, cfg, acc, run_dir, sharding=start_sharded(module, acc, cfg))
     del module
     probe = StateProbe(engine)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -185,7 +287,13 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: tiny-vit, a 2-layer decoder, batch 2, 1+2 steps")
     p.add_argument("--out", default=None, help="JSON (default results/gpu_sharding.json; --tiny: gpu_sharding_tiny.json)")
     p.add_argument("--work", default="/tmp/magclip_gpu_sharding", help="run folders (nothing is written there)")
+    p.add_argument("--dry-run", action="store_true", help="the 7 B LoRA decoder's sizes on the meta device; no run")
     args = p.parse_args()
+    if args.dry_run:
+        out = Path(args.out or BENCH / "results" / "gpu_sharding_7b_dry_run.json")
+        write_json(out, {"decoder": DECODER_7B, "lora": LORA, **dry_run(args)})
+        print(f"wrote {out}")
+        return
     if args.tiny:
         args.clip_batch, args.text_batch, args.seq, args.warmup, args.steps = 2, 2, 16, 1, 2
     started = time.perf_counter()

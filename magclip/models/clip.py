@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torchvision import transforms
 
 from magclip.io import atomic_write_bytes, atomic_write_with, load_error
+from magclip.models import build
 
 __all__ = [
     "CHECKPOINT_META",
@@ -289,11 +290,18 @@ def create_clip(
     `open_clip.create_model_and_transforms` (e.g. precision, force_image_size).
     """
     name = _resolve_model_name(model)
+    weights = loaded_weights(name, pretrained)
+    # under build.on_meta() (train.sharding=fsdp) a model loaded from a weights file is built on the meta device
+    built = build.open_clip_on_meta(name, Path(weights), **model_kwargs) \
+        if build.building_on_meta() and weights is not None and Path(weights).is_file() else None
     try:
-        with _from_scratch_said_once(name, pretrained), _hub_failures_named(name, pretrained):
-            clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
-                name, pretrained=pretrained, device=device, **model_kwargs
-            )
+        if built is not None:
+            clip, preprocess_train, preprocess_val = built
+        else:
+            with _from_scratch_said_once(name, pretrained), _hub_failures_named(name, pretrained):
+                clip, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(
+                    name, pretrained=pretrained, device=device, **model_kwargs
+                )
     except HubUnavailableError:
         raise
     except Exception as exn:
@@ -311,7 +319,7 @@ def create_clip(
         tokenizer = open_clip.get_tokenizer(name)
     normalize = next((t for t in getattr(preprocess_val, "transforms", []) if isinstance(t, transforms.Normalize)), None)
     raw = RawCLIP(clip, *((normalize.mean, normalize.std) if normalize is not None else ()))
-    return ClipBundle(raw.to(device), preprocess_train, preprocess_val, tokenizer, name)
+    return ClipBundle(raw if built is not None else raw.to(device), preprocess_train, preprocess_val, tokenizer, name)
 
 
 @contextlib.contextmanager

@@ -59,6 +59,7 @@ from magclip.distributed import ONE_PROCESS, Share
 from magclip.io import atomic_write_json, load_error
 from magclip.models.st_similarity import folder_scorer
 from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
+from magclip.models import build
 
 log = logging.getLogger("magclip.text")
 
@@ -532,6 +533,11 @@ def _load_encoder(path: str | Path, hf_kwargs: dict[str, Any]) -> nn.Module:
 
         with torch.device("meta"):
             return AutoModel.from_config(AutoConfig.from_pretrained(str(path)), **hf_kwargs)
+    if build.building_on_meta() and set(hf_kwargs) <= {"dtype", "torch_dtype"}:
+        # under build.on_meta() (train.sharding=fsdp): the structure on the meta device, read shard by shard later
+        model = build.hf_model_on_meta(path, next(iter(hf_kwargs.values())))
+        if model is not None:
+            return model
     try:
         return AutoModel.from_pretrained(str(path), **hf_kwargs)
     except (pickle.UnpicklingError, SafetensorError, RuntimeError, OSError) as exn:

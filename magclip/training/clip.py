@@ -39,6 +39,7 @@ from magclip.temperature import (
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
 from magclip.training.levers import evaluation_autocast, resolve_precision
+from magclip.training.meta_start import start_sharded, towers_built_for
 from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
@@ -168,16 +169,18 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     logit_bias = build_logit_bias(cfg.loss)
     # a sigmoid-loss model carries open_clip's own logit_bias (frozen, like its logit_scale; the trained
     # one is `logit_bias` below, written into it at every checkpoint), so plain open_clip loads the bias
-    bundle = create_clip(cfg.model.name, pretrained_weights(cfg.model.pretrained), lock_text=cfg.model.lock_text,
-                         lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
-                         device=accelerator.device,
-                         **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
+    with towers_built_for(cfg.train, lora_on(cfg.model.lora)):  # on the meta device under fsdp (meta_start.py)
+        bundle = create_clip(cfg.model.name, pretrained_weights(cfg.model.pretrained), lock_text=cfg.model.lock_text,
+                             lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
+                             device=accelerator.device,
+                             **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
     base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
     if lora_on(cfg.model.lora):
         base_dtype = adapt_clip(bundle.model, cfg.model.lora, bundle.preprocess_val, bundle.tokenizer,
                                 resolve_precision(cfg.train.precision, accelerator.device)[0], cfg.train.sharding)
-    module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss),
-                             logit_bias).to(accelerator.device)
+    module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss), logit_bias)
+    sharding = start_sharded(module, accelerator, cfg.train)   # a meta-device start: sharded and filled here
+    module = module.to(accelerator.device)
     if cfg.model.pretrained and cfg.train.resume is None:
         keep_pretrained_temperature(module, cfg)
     num_samples = cfg.data.num_samples or count_samples(train_urls)
@@ -247,7 +250,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
 
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
-                    run_config=to_dict(cfg), started=t0, stop=stop)
+                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

@@ -59,7 +59,13 @@ from magclip.training.checkpoints import (
 from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.metrics_log import MetricsLog, ResumePoint
 from magclip.training.preemption import StopGuard, state_bytes
-from magclip.training.sharding import SHARDED_DIR, load_training_weights, make_sharding, save_sharded
+from magclip.training.sharding import (
+    SHARDED_DIR,
+    Sharding,
+    load_training_weights,
+    make_sharding,
+    save_sharded,
+)
 
 __all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "RunWriteError", "TrainModule"]
 
@@ -176,7 +182,8 @@ class Engine:
                  evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
                  run_config: dict[str, Any] | None = None,  # the resolved config, kept in each checkpoint
                  started: float | None = None,  # time.perf_counter() when the process began the run
-                 stop: StopGuard | None = None):  # signals and time limit (training/preemption.py)
+                 stop: StopGuard | None = None,  # signals and time limit (training/preemption.py)
+                 sharding: Sharding | None = None):  # one that sharded the module already (training/meta_start.py)
         self.cfg = cfg
         self._started = time.perf_counter() if started is None else started
         self.acc = accelerator
@@ -192,7 +199,8 @@ class Engine:
         self.evaluate = evaluate
         self.stop = stop or StopGuard([], cfg.time_limit)
         self.levers = self._apply_levers(module)
-        self.sharding = make_sharding(cfg.sharding, accelerator, resolve_precision(cfg.precision, accelerator.device)[0])
+        self.sharding = sharding or make_sharding(cfg.sharding, accelerator,
+                                                  resolve_precision(cfg.precision, accelerator.device)[0])
         module = self.sharding.shard(module)  # before the optimizer: it holds the sharded parameters
         self.levers["sharding"] = (f"{cfg.sharding} ({accelerator.num_processes} processes)" if cfg.sharding == "ddp"
                                    else f"fsdp ({accelerator.num_processes} processes; parameters, gradients and "

@@ -54,14 +54,15 @@ SHARDED_DIR = "sharded"  # a step folder's DCP checkpoint (model + optimizer), u
 
 def shard_units(tower: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a tower, each a FSDP unit: the children of a ModuleList or Sequential that are
-    all of one class, composite (they hold sub-modules) and hold parameters. Blocks are not searched inside
-    blocks. Models are data: no model name is looked at."""
+    all of one class, composite (they hold sub-modules) and hold parameters, of a class FSDP2 can wrap (not
+    sentence-transformers' Dense: its `__slots__` layout refuses FSDP2's subclass; its parameters stay in the
+    tower's unit). Blocks are not searched inside blocks. Models are data: no model name is looked at."""
     units: list[nn.Module] = []
 
     def visit(module: nn.Module) -> None:
         for child in module.children():
             kids = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
-            if kids and len({type(k) for k in kids}) == 1 and all(
+            if kids and len({type(k) for k in kids}) == 1 and _fsdp_can_wrap(type(kids[0])) and all(
                     any(True for _ in k.children()) and any(True for _ in k.parameters()) for k in kids):
                 units.extend(kids)
             else:
@@ -69,6 +70,19 @@ def shard_units(tower: nn.Module) -> list[nn.Module]:
 
     visit(tower)
     return units
+
+
+def _fsdp_can_wrap(cls: type) -> bool:
+    """Whether fully_shard can give a module of `cls` its FSDP subclass (the assignment of `__class__` that it
+    makes last, after the parameters are already sharded: a failure there would leave a half-sharded module)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    probe = cls.__new__(cls)
+    try:
+        object.__setattr__(probe, "__class__", type(f"FSDP{cls.__name__}", (FSDPModule, cls), {}))
+    except TypeError:
+        return False
+    return True
 
 
 class Sharding:
@@ -159,11 +173,20 @@ class FSDPSharding(Sharding):
 
     def shard(self, module: nn.Module) -> nn.Module:
         """fully_shard every tower's blocks, then the tower; keep a meta-device template of the whole module
-        (for the consolidated model files and evaluation) and the loss parameters replicated."""
-        self._template = _meta_copy(module)
+        (for the consolidated model files and evaluation) and the loss parameters replicated. Towers built on
+        the meta device (magclip.training.meta_start) are then materialised and filled shard by shard. A second
+        call (the Engine's, after a meta-device start) only makes the replicated tensors rank 0's again."""
+        from magclip.training.meta_start import materialise, no_weights_attached
+
+        if self._template is not None:
+            self._broadcast_from_rank0(module)
+            return module
+        with no_weights_attached(module):
+            self._template = _meta_copy(module)
         self._replicated = list(module.loss_parameters())
         if not self.sharded:
             log.info("train.sharding=fsdp on one process: nothing to shard; checkpoints in the sharded format")
+            self._fill_from_weights(module, materialise)
             return module
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -188,16 +211,30 @@ class FSDPSharding(Sharding):
                  "gradient reduction fp32); loss parameters replicated: %d tensors", len(units), self.acc.num_processes,
                  "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
                  len(self._replicated))
+        self._fill_from_weights(module, materialise)
         return module
+
+    def _fill_from_weights(self, module: nn.Module, materialise: Any) -> None:
+        """The meta-device start's second half: allocate this rank's shards and read them from the weights."""
+        from magclip.models.build import loaded_on_meta
+
+        if loaded_on_meta(module):
+            read = materialise(module, self.acc.device)
+            log.info("meta-device start: this process read %d tensors (%.1f MB) of the weights files, its shards",
+                     read["tensors"], read["bytes"] / 2**20)
 
     @staticmethod
     @torch.no_grad()
     def _broadcast_from_rank0(module: nn.Module) -> None:
         """Every rank starts from rank 0's parameters and buffers, as DDP makes its replicas at construction:
         fully_shard keeps each rank's own slice of what it holds, and a start that differs by rank (a scale set
-        from each rank's first batch, an unseeded initialisation) would otherwise be stitched together."""
+        from each rank's first batch, an unseeded initialisation) would otherwise be stitched together. Tensors
+        still on the meta device (read from files later, the same on every rank) and shards are left alone."""
+        from torch.distributed.tensor import DTensor
+
         for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t.data, 0)
+            if not t.is_meta and not isinstance(t, DTensor):
+                dist.broadcast(t.data, 0)
 
     def prepare(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, Any]:
         return module, optimizer  # accelerate would wrap it in DDP again

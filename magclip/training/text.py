@@ -38,6 +38,7 @@ from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
 from magclip.training.levers import evaluation_autocast, resolve_precision
+from magclip.training.meta_start import start_sharded, towers_built_for
 from magclip.training.preemption import StopGuard
 from magclip.training.run import (
     latest_checkpoint,
@@ -170,14 +171,17 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     torch.manual_seed(cfg.train.seed)
     records, read_skips, train_columns = load_records(cfg.data)
-    encoder = load_encoder(cfg.model)
+    with towers_built_for(cfg.train, lora_on(cfg.model.lora)):   # on the meta device under fsdp (meta_start.py)
+        encoder = load_encoder(cfg.model)
     base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
     if lora_on(cfg.model.lora):
         base_dtype = adapt_text(encoder, cfg.model.lora, resolve_precision(cfg.train.precision, accelerator.device)[0])
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
-    module = TextTrainModule(encoder, build_loss(cfg), build_logit_scale(cfg.loss)).to(accelerator.device)
+    module = TextTrainModule(encoder, build_loss(cfg), build_logit_scale(cfg.loss))
+    sharding = start_sharded(module, accelerator, cfg.train)   # a meta-device start: sharded and filled here
+    module = module.to(accelerator.device)
 
     def make_loader(epoch: int) -> PairBatches:
         return PairBatches(records, encoder.tokenize, cfg.train.batch_size, cfg.data.group_size, epoch=epoch,
@@ -220,17 +224,23 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
 
     write_run_config(cfg, run_dir, accelerator)
 
+    # after a meta-device start the main process evaluates the start gathered from the shards (every rank gathers)
+    evaluates = bool(cfg.eval.beir or cfg.eval.sts or cfg.eval.rag)
+    start_module = sharding.eval_module(module) if sharding is not None and cfg.eval.at_start and evaluates else module
+
     def evaluate_start() -> RetrievalMetrics:
-        module.eval()
+        start_module.eval()
         with torch.no_grad():
-            return evaluate_with(module, 0, Share())  # the main process, before the model is sharded
+            return evaluate_with(start_module, 0, Share())  # the main process (gathered after a meta start)
 
     zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start) \
         if cfg.eval.at_start and accelerator.is_main_process else ({}, None)
+    if sharding is not None:
+        sharding.release(start_module)
     accelerator.wait_for_everyone()
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
-                    run_config=to_dict(cfg), started=t0, stop=stop)
+                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

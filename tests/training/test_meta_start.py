@@ -1,0 +1,115 @@
+"""The meta-device start of train.sharding=fsdp (magclip/training/meta_start.py, magclip/models/build.py): towers
+built on the meta device, sharded with FSDP2 and filled shard by shard from open_clip checkpoints (.safetensors and
+.pt), a Hugging Face folder whose safetensors are a sharded set with its index (a BERT and a decoder), and a
+sentence-transformers folder with a Dense head (built eagerly beside the meta-built transformer), equal today's
+eager load bit for bit at 2 and 4 gloo processes: every rank's shards and the consolidated state. The whole-file
+loaders fail if called during the meta build, and each rank holds only its share of the parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from builders import free_port, make_tiny_bert, make_tiny_decoder
+
+from magclip.models import build
+from magclip.models.clip import create_clip, save_checkpoint_for_open_clip
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("meta_start_ranks.py")
+
+
+def sharded_copy(folder: Path, target: Path) -> Path:
+    """The HF folder saved again as a sharded safetensors set (model.safetensors.index.json + several files)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    AutoModel.from_pretrained(str(folder)).save_pretrained(str(target), max_shard_size="20KB")
+    AutoTokenizer.from_pretrained(str(folder)).save_pretrained(str(target))
+    assert (target / build.SAFETENSORS_INDEX).is_file() and len(list(target.glob("*.safetensors"))) > 1
+    return target
+
+
+def st_folder(bert: Path, target: Path) -> Path:
+    from sentence_transformers import SentenceTransformer
+    try:
+        from sentence_transformers.sentence_transformer import modules as stm
+    except ImportError:  # sentence-transformers 5
+        from sentence_transformers import models as stm
+
+    torch.manual_seed(3)
+    transformer = stm.Transformer(str(bert), max_seq_length=32)
+    pooling = stm.Pooling(32, "mean")
+    SentenceTransformer(modules=[transformer, pooling, stm.Dense(32, 16)], device="cpu").save(str(target))
+    return target
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("meta_start")
+    torch.manual_seed(0)
+    clip = create_clip("tiny-vit").model
+    save_checkpoint_for_open_clip(clip, root / "clip.safetensors")
+    save_checkpoint_for_open_clip(clip, root / "clip.pt")
+    bert = make_tiny_bert(root / "bert")
+    decoder = make_tiny_decoder(root / "decoder")
+    return {
+        "clip_safetensors": {"kind": "clip", "model": "tiny-vit", "weights": str(root / "clip.safetensors")},
+        "clip_pt": {"kind": "clip", "model": "tiny-vit", "weights": str(root / "clip.pt")},
+        "bert_sharded_index": {"kind": "text", "weights": str(sharded_copy(bert, root / "bert_sharded"))},
+        "decoder_sharded_two_towers": {"kind": "text", "weights": str(sharded_copy(decoder, root / "decoder_sharded")),
+                                       "pooling": "last", "shared": False},
+        "sentence_transformers_dense": {"kind": "text", "weights": str(st_folder(bert, root / "st"))},
+    }
+
+
+def launch(nproc: int, out: Path, cases: dict) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "EXPECTED_WORLD_SIZE": str(nproc)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+           str(free_port()), str(WORKER), str(out), str(out / "cases.json")]
+    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = [json.loads((out / f"{nproc}_{rank}.json").read_text()) for rank in range(nproc)]
+    assert all(f["world_size"] == nproc for f in found)
+    return found
+
+
+AT_4 = ("clip_safetensors", "decoder_sharded_two_towers")   # every format at 2 processes; at 4 the suite's budget
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_the_meta_start_equals_the_eager_load(cases, tmp_path, nproc):
+    cases = cases if nproc == 2 else {name: cases[name] for name in AT_4}
+    by_rank = launch(nproc, tmp_path, cases)
+    for name in cases:
+        ranks = [r["cases"][name] for r in by_rank]
+        assert all(r["mismatches"] == [] for r in ranks), (name, [r["mismatches"][:5] for r in ranks])
+        assert ranks[0]["consolidated"] is True, name
+        assert all(r["loaded_parts"] >= 1 and r["meta_parameters"] > 0 for r in ranks), name
+        # every rank holds a share of the meta-built parameters, together exactly the whole
+        assert all(r["sharded"] > 0 for r in ranks), name
+        assert sum(r["local_numel"] for r in ranks) == ranks[0]["full_numel"], name
+        assert max(r["local_numel"] for r in ranks) < ranks[0]["full_numel"] * (1.5 / nproc), name
+
+
+def test_a_file_the_loader_converts_is_built_eagerly(tmp_path):
+    """A checkpoint without a key the model has (open_clip fills a missing logit_bias, transformers initialises a
+    missing pooler) cannot start on meta bit for bit: that part is built eagerly, as before."""
+    bert = make_tiny_bert(tmp_path / "bert")
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(bert / "model.safetensors")
+    save_file({k: v for k, v in state.items() if not k.startswith("pooler.")}, bert / "model.safetensors",
+              metadata={"format": "pt"})
+    assert build.hf_model_on_meta(bert) is None
+    with build.on_meta():
+        from magclip.models.text import BiEncoder
+
+        encoder = BiEncoder.from_pretrained(bert)
+    assert not build.loaded_on_meta(encoder) and not any(p.is_meta for p in encoder.parameters())
