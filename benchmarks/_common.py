@@ -274,6 +274,17 @@ def clip_train_module(model: str):
     return CLIPTrainModule(create_clip(model).model, build_loss(loss), build_logit_scale(loss))
 
 
+def engine_in_memory(cfg, module):
+    """The training engine around `module` with no loader, evaluation or model saving: for timing its
+    `_train_step` on batches already in memory (the step's own work, without the loop around it)."""
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.engine import Engine
+
+    run_dir = Path(tempfile.mkdtemp(prefix="engine_"))
+    return Engine(cfg, make_accelerator(cfg, run_dir), module, run_dir, lambda e: [], 10 ** 6,
+                  save_model=lambda m, d: None)
+
+
 def clip_batch(batch: int, seed: int = 0, image_size: int = 32, text_length: int = 32) -> dict:
     """One loader-shaped batch of random uint8 images and token ids (the engine normalizes on its device)."""
     import torch
