@@ -28,7 +28,8 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
-SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+# the real data (../shared/data beside a checkout; MAGCLIP_SHARED_DATA elsewhere, e.g. in a git worktree)
+SHARED_DATA = Path(os.environ.get("MAGCLIP_SHARED_DATA", REPO / ".." / "shared" / "data")).resolve()
 EMOJI_DIR = SHARED_DATA / "emoji"
 SCIFACT_DIR = SHARED_DATA / "text" / "scifact"
 # the interpreter of open_clip_train's own venv (made by setup_open_clip_train_env.sh)
@@ -175,10 +176,16 @@ class StepClock:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.times: list[float] = []
+        self.optimizer: str | None = None  # what stepped first: class and kernel (fused / foreach / for-loop)
         self._handle = register_optimizer_step_post_hook(self._hook)
 
     def _hook(self, optimizer, args, kwargs) -> None:
         self.times.append(time.perf_counter())
+        if self.optimizer is None:
+            d = optimizer.defaults
+            kernel = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "default (foreach where supported)" \
+                if d.get("foreach") is None else "for-loop"
+            self.optimizer = f"{type(optimizer).__name__}, {kernel}"
 
     def close(self) -> None:
         self._handle.remove()

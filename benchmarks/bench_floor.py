@@ -38,6 +38,7 @@ many steps. Nothing in magclip is modified: the children hook torch's global opt
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ from _common import (
     RESULTS_DIR,
     StepClock,
     engine_in_memory,
+    gpu_peak_mb,
     machine_info,
     median,
     peak_rss_mb,
@@ -108,7 +110,7 @@ def floor_child(a) -> None:
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     device = torch.device(a.device)
-    cfg = main_job_config([f"train.batch_size={a.batch_size}"]).train
+    cfg = main_job_config([f"train.batch_size={a.batch_size}", *a.extra]).train
     precision, why = resolve_precision(cfg.precision, device)
     raw = create_clip(a.model).model.to(device)  # magclip's wrapper: only for its normalisation of uint8 images
     model = raw.clip
@@ -146,7 +148,7 @@ def floor_child(a) -> None:
     write_json(a.out, {"row": "floor", "precision": f"{precision} ({why})", "optimizer": impl_why,
                        "channels_last": channels_last, "batch_size": a.batch_size, "model": a.model,
                        "final_loss": float(loss), **steady_rate(clock.times, a.batch_size, a.skip, None),
-                       **peak_rss_mb()})
+                       **peak_rss_mb(), **gpu_peak_mb()})
 
 
 def engine_step_child(a) -> None:
@@ -156,7 +158,7 @@ def engine_step_child(a) -> None:
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = main_job_config([f"train.batch_size={a.batch_size}", f"train.max_steps={a.steps}"]).train
+    cfg = main_job_config([f"train.batch_size={a.batch_size}", f"train.max_steps={a.steps}", *a.extra]).train
     engine = engine_in_memory(cfg, clip_train_module(a.model))
     batches = real_batches(a.model, a.batch_size, CACHED_BATCHES, str(engine.acc.device))
     clock = StepClock()
@@ -185,7 +187,9 @@ def main_job_child(a) -> None:
     clock = StepClock()
     main(overrides)
     clock.close()
+    levers = json.loads((Path(a.workdir) / "mainjob" / "results.json").read_text()).get("speed_levers")
     write_json(a.out, {"row": "main job" + (", batches in memory" if a.cached else ""), "overrides": overrides,
+                       "levers": levers,
                        "batch_size": a.batch_size, "threads": torch.get_num_threads(),
                        **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb()})
 
@@ -260,7 +264,7 @@ def main() -> None:
     p.add_argument("--child", choices=("floor", "engine_step", "mainjob"), help=argparse.SUPPRESS)
     p.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
-    p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)  # overrides of the main job's config
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     cfg = main_job_config([])
