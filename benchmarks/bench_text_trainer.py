@@ -330,6 +330,7 @@ def _instrument_engine() -> _Phases:
         def __init__(self, cfg, accelerator, module, *args, **kwargs):
             super().__init__(cfg, accelerator, module, *args, **kwargs)
             encoder = module.encoder
+            wait = phases.wrap("waiting for the batch (tokenize, pad, collate)", lambda it: next(it))
             phases.tokenize = encoder.tokenize
             record = phases.wrap("  of which tokenize + pad", encoder.tokenize)
 
@@ -340,7 +341,6 @@ def _instrument_engine() -> _Phases:
 
             encoder.tokenize = tokenize  # PairBatches takes encoder.tokenize when make_loader builds an epoch
             make_loader = self.make_loader
-            wait = phases.wrap("waiting for the batch (tokenize, pad, collate)", lambda it: next(it))
 
             class TimedBatches:
                 def __init__(self, epoch):
@@ -375,7 +375,8 @@ def part_profile(a) -> dict[str, Any]:
         rows.append([name, f"{1000 * s:.0f}", f"{100 * s / step:.1f} %"])
         if name.startswith("  of which tokenize") and prof["padding_share_of_tokenize"] is not None:
             pad = s * prof["padding_share_of_tokenize"]
-            rows.append(["    of which padding", f"{1000 * pad:.0f}", f"{100 * pad / step:.1f} %"])
+            rows.append(["    of which padding (and the conversion to tensors)", f"{1000 * pad:.0f}",
+                         f"{100 * pad / step:.1f} %"])
     rows.append(["the rest (engine bookkeeping, zero_grad, schedule, logging)", f"{1000 * (step - top):.0f}",
                  f"{100 * (step - top) / step:.1f} %"])
     rows.append(["one step (optimizer-step clock)", f"{1000 * step:.0f}", "100 %"])
@@ -422,13 +423,14 @@ def _paired_sts(base_path: Path, row_path: Path) -> dict[str, dict[str, float]]:
 
     from magclip.experiments.paired import per_query_values
     from magclip.experiments.stats import correlation_item_stats
+    from magclip.metrics.ranks import DIGEST_MARK
 
     base, row = per_query_values(base_path), per_query_values(row_path)
     out = {}
     for key in [k for k in base if k.endswith(".gold")]:
         stem = key[:-len(".gold")]
-        if f"{stem}.pred_ab" not in row:
-            continue
+        if f"{stem}.pred_ab" not in row or base.get(key + DIGEST_MARK) != row.get(key + DIGEST_MARK):
+            continue  # not evaluated on the same pairs
         gold = np.asarray(base[key], dtype=float)
         b = (np.asarray(base[f"{stem}.pred_ab"]) + np.asarray(base[f"{stem}.pred_ba"])) / 2
         r = (np.asarray(row[f"{stem}.pred_ab"]) + np.asarray(row[f"{stem}.pred_ba"])) / 2
@@ -525,7 +527,7 @@ def main() -> None:
     precision = resolved_precision(a.precision)
     print(f"text trainers: {a.steps} steps (window from step {a.skip}), {a.threads} thread(s), precision {precision}"
           + (" (no native bf16 here: fp32 for both)" if a.precision == "auto" and precision == "fp32" else "")
-          + f", max length {a.max_length}, {a.rounds} rounds", flush=True)
+          + f", max length {a.max_length}" + ("" if a.profile else f", {a.rounds} rounds"), flush=True)
     result = part_profile(a) if a.profile else part_speed(a)
     out = Path(a.out) if a.out else RESULTS_DIR / f"text_trainer{'_profile' if a.profile else ''}.json"
     write_json(out, {"benchmark": "text_trainer", "machine": machine_info(a.threads),
