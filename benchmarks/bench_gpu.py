@@ -151,6 +151,8 @@ def main() -> None:
             plan += [Run("magclip", a.batch_size, magclip(a.batch_size)),
                      Run("open_clip_train", a.batch_size, open_clip_train(a.batch_size))]
     if a.part in ("floor", "all"):
+        if a.part == "floor":  # the loader-fed trainer the CLIP floor is compared with (part ab has it otherwise)
+            plan.append(Run("magclip", a.batch_size, magclip(a.batch_size)))
         plan += _floor_plan(a, device, precision[0])
     if a.part in ("matrix", "all"):
         plan += _matrix_plan(a.matrix_batches, magclip, open_clip_train, compiled=not a.tiny)
