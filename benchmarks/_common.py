@@ -28,7 +28,8 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
-SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+# the real data (../shared/data beside a checkout; MAGCLIP_SHARED_DATA elsewhere, e.g. in a git worktree)
+SHARED_DATA = Path(os.environ.get("MAGCLIP_SHARED_DATA", REPO / ".." / "shared" / "data")).resolve()
 EMOJI_DIR = SHARED_DATA / "emoji"
 SCIFACT_DIR = SHARED_DATA / "text" / "scifact"
 # the interpreter of open_clip_train's own venv (made by setup_open_clip_train_env.sh)
@@ -175,10 +176,16 @@ class StepClock:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self.times: list[float] = []
+        self.optimizer: str | None = None  # what stepped first: class and kernel (fused / foreach / for-loop)
         self._handle = register_optimizer_step_post_hook(self._hook)
 
     def _hook(self, optimizer, args, kwargs) -> None:
         self.times.append(time.perf_counter())
+        if self.optimizer is None:
+            d = optimizer.defaults
+            kernel = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "default (foreach where supported)" \
+                if d.get("foreach") is None else "for-loop"
+            self.optimizer = f"{type(optimizer).__name__}, {kernel}"
 
     def close(self) -> None:
         self._handle.remove()
@@ -272,6 +279,17 @@ def clip_train_module(model: str):
 
     loss = LossConfig()
     return CLIPTrainModule(create_clip(model).model, build_loss(loss), build_logit_scale(loss))
+
+
+def engine_in_memory(cfg, module):
+    """The training engine around `module` with no loader, evaluation or model saving: for timing its
+    `_train_step` on batches already in memory (the step's own work, without the loop around it)."""
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.engine import Engine
+
+    run_dir = Path(tempfile.mkdtemp(prefix="engine_"))
+    return Engine(cfg, make_accelerator(cfg, run_dir), module, run_dir, lambda e: [], 10 ** 6,
+                  save_model=lambda m, d: None)
 
 
 def clip_batch(batch: int, seed: int = 0, image_size: int = 32, text_length: int = 32) -> dict:

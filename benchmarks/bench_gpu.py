@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu.py                       # on a GPU machine (writes results/gpu_train.json)
     python benchmarks/bench_gpu.py --tiny                # CPU smoke check: tiny-resnet, fp32, few steps, 1 round
+    python benchmarks/bench_gpu.py --part floor          # only the floors beside the trainers (CLIP, text)
 
 Part 1, `ab`: the same measurement as `bench_train.py --part ab` (fresh child per run, optimizer-step
 timestamps, same window for both, A B A B ...), with:
@@ -19,6 +20,16 @@ open_clip_train at the larger batches, then the for-loop optimizer at the first 
 buys). Every row has its MFU: FLOPs per pair of one training step (forward + backward of both towers
 and the loss, `torch.utils.flop_counter`, counted once in a child at batch 4) x samples/s, against a
 bf16 (fp32 with --tiny) matmul measured on the same device in the same run.
+
+Part 3, `floor` (run before the matrix; issue 53): the compute floor of each trainer beside it, so that
+"trainer / floor" reads how much of the device's time the trainer leaves to its loop and loader. CLIP:
+`bench_floor.py`'s bare loop (the same open_clip model, batch and precision, fused AdamW, open_clip's
+ClipLoss, batches decoded once and kept on the device) against the A/B row of magclip fed by its loader.
+Text (with squad_train, `MAGCLIP_SHARED_DATA` or ../shared/data): `bench_text_trainer.py`'s magclip
+text trainer (MiniLM, batch 32, the issue's recipe) against its floor (the same batches tokenized
+before the clock, the bare transformers model); the floor also counts the text step's FLOPs (per padded
+token x the median step's tokens), from which both text rows get their MFU. `--no-text` leaves the text
+rows out.
 
 A time budget (`--budget-s`, default 500 s) is checked before every run: a run is started only if
 the slowest run of its kind so far (of any kind, before the first) still fits; a run that fails (out
@@ -83,7 +94,9 @@ def main() -> None:
     p.add_argument("--model", default="ViT-B-32")
     p.add_argument("--batch-size", type=int, default=256, help="the A/B comparison's batch")
     p.add_argument("--matrix-batches", type=int, nargs="*", default=[256, 1024, 2048])
-    p.add_argument("--part", choices=["ab", "matrix", "all"], default="all")
+    p.add_argument("--part", choices=["ab", "floor", "matrix", "all"], default="all")
+    p.add_argument("--text", action=argparse.BooleanOptionalAction, default=True,
+                   help="part floor: also the text trainer against its floor (needs squad_train, see bench_text_trainer.py)")
     p.add_argument("--workers", type=int, default=12, help="loader workers of each trainer (<= 12 shards)")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--skip", type=int, default=10)
@@ -137,6 +150,10 @@ def main() -> None:
         for _ in range(a.reps):
             plan += [Run("magclip", a.batch_size, magclip(a.batch_size)),
                      Run("open_clip_train", a.batch_size, open_clip_train(a.batch_size))]
+    if a.part in ("floor", "all"):
+        if a.part == "floor":  # the loader-fed trainer the CLIP floor is compared with (part ab has it otherwise)
+            plan.append(Run("magclip", a.batch_size, magclip(a.batch_size)))
+        plan += _floor_plan(a, device, precision[0])
     if a.part in ("matrix", "all"):
         plan += _matrix_plan(a.matrix_batches, magclip, open_clip_train, compiled=not a.tiny)
     out = Path(a.out) if a.out else RESULTS_DIR / f"gpu_train{'_tiny' if a.tiny else ''}.json"
@@ -171,11 +188,18 @@ def main() -> None:
               f"(step {res['step_ms_median']:.1f} ms, GPU max alloc {res.get('cuda_max_allocated_mb', 0):.0f} MiB, "
               f"tree PSS {res['peak_tree_pss_mb']:.0f} MiB, wall {res['wall_s']:.0f} s)", flush=True)
         write_json(out, record)
+    text_floor = runs.get(f"{TEXT_FLOOR} @ {TEXT_BATCH}", [{}])[0].get("flops_per_step")
+    record["flops"]["text_flops_per_pair"] = text_floor / TEXT_BATCH if text_floor else None
     record["summary"] = _summary(runs, record["flops"])
     ab = record["summary"]
     key_m, key_o = f"magclip @ {a.batch_size}", f"open_clip_train @ {a.batch_size}"
     if key_m in ab and key_o in ab:
         record["ratio_magclip_over_open_clip_train"] = ab[key_m]["samples_per_s_median"] / ab[key_o]["samples_per_s_median"]
+    for name, trainer, floor in (("clip", key_m, f"{CLIP_FLOOR} @ {a.batch_size}"),
+                                 ("text", f"{TEXT_TRAINER} @ {TEXT_BATCH}", f"{TEXT_FLOOR} @ {TEXT_BATCH}")):
+        if trainer in ab and floor in ab:  # the trainer fed by its loader over the same model fed from memory
+            record[f"ratio_{name}_trainer_over_floor"] = (ab[trainer]["samples_per_s_median"]
+                                                         / ab[floor]["samples_per_s_median"])
     record["total_s"] = round(time.perf_counter() - t_start, 1)
     write_json(out, record)
     rows = [[k, v["samples_per_s_median"], str(v["samples_per_s_runs"]), v["step_ms_median"], f"{v['mfu_percent']:.1f} %",
@@ -186,6 +210,9 @@ def main() -> None:
           f"{record['flops']['peak_gflops']:.0f} GFLOP/s ({record['flops']['peak_dtype']})")
     if "ratio_magclip_over_open_clip_train" in record:
         print(f"ratio magclip / open_clip_train = {record['ratio_magclip_over_open_clip_train']:.3f}")
+    for name in ("clip", "text"):
+        if f"ratio_{name}_trainer_over_floor" in record:
+            print(f"{name}: trainer / its floor = {record[f'ratio_{name}_trainer_over_floor']:.3f}")
     print(f"wrote {out} ({record['total_s']} s)")
 
 
@@ -193,6 +220,33 @@ def _common_args(a, urls: str, batch: int) -> list[str]:
     n = (a.skip + a.measure + 2) * batch
     return ["--data", urls, "--num-samples", str(n), "--model", a.model, "--batch-size", str(batch),
             "--threads", str(a.threads), "--skip", str(a.skip), "--measure", str(a.measure), "--workers", str(a.workers)]
+
+
+CLIP_FLOOR = "floor (in memory, bare loop)"
+TEXT_TRAINER, TEXT_FLOOR, TEXT_BATCH = "text: magclip trainer", "text: floor (bare model, in memory)", 32
+
+
+def _floor_plan(a, device: str, precision: str) -> list[Run]:
+    """The compute floors beside the trainers: bench_floor.py's bare loop at the A/B batch (the same model,
+    precision, fused AdamW, ClipLoss, batches in memory), and bench_text_trainer.py's text trainer and its
+    floor (MiniLM on squad_train, batch 32) when squad_train is there."""
+    steps = a.skip + a.measure + 1
+    common = ["--steps", str(steps), "--skip", str(a.skip), "--threads", str(a.threads), "--device", device]
+    plan = [Run(CLIP_FLOOR, a.batch_size, [sys.executable, str(HERE / "bench_floor.py"), "--child", "floor",
+                                           "--model", a.model, "--batch-size", str(a.batch_size), *common,
+                                           "--extra", f"train.precision={precision}"])]
+    from bench_text_trainer import SQUAD
+
+    if not a.text:
+        return plan
+    if not (SQUAD / "qrels" / "train.tsv").is_file():
+        print(f"  text rows left out: no squad_train at {SQUAD} (set MAGCLIP_SHARED_DATA)", flush=True)
+        return plan
+    if a.tiny:  # a MiniLM step takes seconds on a CPU: 3 steps, 2000 records
+        common = ["--steps", "3", "--skip", "1", "--threads", str(a.threads), "--device", device, "--max-records", "2000"]
+    text = [sys.executable, str(HERE / "bench_text_trainer.py"), *common, "--precision", precision]
+    return plan + [Run(TEXT_FLOOR, TEXT_BATCH, [*text, "--child", "floor", "--flops"]),
+                   Run(TEXT_TRAINER, TEXT_BATCH, [*text, "--child", "magclip"])]
 
 
 def _matrix_plan(batches: list[int], magclip, open_clip_train, compiled: bool = True) -> list[Run]:
@@ -246,9 +300,10 @@ def _summary(runs: dict[str, list[dict]], flops: dict) -> dict:
     summary = {}
     for key, rs in runs.items():
         rate = median([x["samples_per_s"] for x in rs])
+        per_pair = flops.get("text_flops_per_pair") if key.startswith("text") else flops["flops_per_pair"]
         summary[key] = {"samples_per_s_median": rate, "samples_per_s_runs": [round(x["samples_per_s"], 1) for x in rs],
                         "step_ms_median": median([x["step_ms_median"] for x in rs]),
-                        "mfu_percent": 100 * rate * flops["flops_per_pair"] / (flops["peak_gflops"] * 1e9),
+                        "mfu_percent": 100 * rate * per_pair / (flops["peak_gflops"] * 1e9) if per_pair else float("nan"),
                         "cuda_max_allocated_mb": max(x.get("cuda_max_allocated_mb", 0) for x in rs),
                         "peak_tree_pss_mb": max(x["peak_tree_pss_mb"] for x in rs),
                         "peak_rss_main_mb": max(x["peak_rss_main_mb"] for x in rs),

@@ -58,6 +58,7 @@ from _common import (
     child_env,
     clip_batch,
     clip_train_module,
+    engine_in_memory,
     machine_info,
     peak_matmul_gflops,
     table,
@@ -108,8 +109,6 @@ def step_child(workload: str, variants: list[str], steps: int, batch: int, out: 
     from torch.utils.flop_counter import FlopCounterMode
 
     from magclip.config import TrainConfig
-    from magclip.training.accelerator import make_accelerator
-    from magclip.training.engine import Engine
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     engines, batches = {}, {}
@@ -117,10 +116,7 @@ def step_child(workload: str, variants: list[str], steps: int, batch: int, out: 
         levers = VARIANTS[name]
         torch.manual_seed(0)
         module, encoder = (_text_module() if workload == "minilm" else (clip_train_module(workload), None))
-        cfg = TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, **levers)
-        run_dir = Path(tempfile.mkdtemp(prefix="levers_"))
-        engines[name] = Engine(cfg, make_accelerator(cfg, run_dir), module, run_dir, lambda e: [], 10 ** 6,
-                               save_model=lambda m, d: None)
+        engines[name] = engine_in_memory(TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, **levers), module)
         batches[name] = _text_batch(encoder, batch) if encoder is not None else clip_batch(batch)
     first = variants[0]
     with FlopCounterMode(display=False) as counter:
@@ -184,15 +180,11 @@ def compile_child(compiled: bool, steps: int, batch: int, out: Path) -> None:
     import torch
 
     from magclip.config import TrainConfig
-    from magclip.training.accelerator import make_accelerator
-    from magclip.training.engine import Engine
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
-    cfg = TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, compile=compiled)
-    run_dir = Path(tempfile.mkdtemp(prefix="levers_"))
-    engine = Engine(cfg, make_accelerator(cfg, run_dir), clip_train_module("tiny-resnet"), run_dir, lambda e: [], 10 ** 6,
-                    save_model=lambda m, d: None)
+    engine = engine_in_memory(TrainConfig(epochs=1, batch_size=batch, warmup_steps=0, compile=compiled),
+                              clip_train_module("tiny-resnet"))
     data = clip_batch(batch)
     t0 = time.perf_counter()
     engine._train_step([data])

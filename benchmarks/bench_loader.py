@@ -52,10 +52,14 @@ def child_loader(a) -> None:
     from magclip.models.clip import create_clip
 
     bundle = create_clip(a.model)
+    collate_s = _time_collation() if a.time_collate else None
     if a.impl == "magclip":
         from magclip.data.shards import build_clip_loader
+        from magclip.models.clip import uint8_transform
 
-        loader = build_clip_loader(a.data, preprocess=bundle.preprocess_train, tokenizer=bundle.tokenizer,
+        preprocess = (uint8_transform(bundle.preprocess_train) or bundle.preprocess_train if a.trainer_transform
+                      else bundle.preprocess_train)
+        loader = build_clip_loader(a.data, preprocess=preprocess, tokenizer=bundle.tokenizer,
                                    batch_size=a.batch_size, num_samples=a.num_samples, shuffle=True, workers=a.workers,
                                    seed=0, shuffle_buffer=a.shuffle_buffer[0])
     else:
@@ -79,7 +83,29 @@ def child_loader(a) -> None:
     from _common import write_json as wj
 
     wj(a.out, {"impl": a.impl, "workers": a.workers, "batches": len(times), "samples": n, "samples_per_s": rate,
-               "first_batch_s": times[0] - t_start, "threads": torch.get_num_threads(), **peak_rss_mb()})
+               "first_batch_s": times[0] - t_start, "drain_s": times[-1] - t_start,
+               "collate_s": collate_s[0] if collate_s else None, "threads": torch.get_num_threads(), **peak_rss_mb()})
+
+
+def _time_collation() -> list[float]:
+    """Time spent in the loader's collation (stack + tokenizer), summed into the returned one-element list.
+    In-process only: with workers the collation runs in other processes (use 0 workers)."""
+    from magclip.data import shards
+
+    inner = getattr(shards, "_collate", None)
+    if inner is None:
+        raise SystemExit("--time-collate: magclip.data.shards._collate not found (the loader changed): "
+                         "update bench_loader.py's _time_collation")
+    total = [0.0]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        total[0] += time.perf_counter() - t0
+        return out
+
+    shards._collate = timed
+    return total
 
 
 def main() -> None:
@@ -102,6 +128,8 @@ def main() -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", default="magclip", help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--trainer-transform", action="store_true", help=argparse.SUPPRESS)  # uint8, as train_clip
+    p.add_argument("--time-collate", action="store_true", help=argparse.SUPPRESS)  # 0 workers: time in _collate
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
