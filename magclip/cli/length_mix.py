@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--query-max-length", type=int, default=64)
     parser.add_argument("--passage-max-length", type=int, default=160)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--cached-only", action="store_true",
+                        help="encode nothing: each model is scored on the sets it has cached tables for")
     parser.add_argument("--alpha-set", help="the --data folder name whose train split chooses α (default: the first "
                                             "with qrels/train.tsv)")
     parser.add_argument("--predict-on", help="the set whose p = 0.5 point is the prediction (default: --alpha-set)")
@@ -91,7 +93,8 @@ def score(args) -> None:
                          "folder has qrels/train.tsv")
     models = [ModelSpec.parse(m) for m in args.model]
     tables = encode_all(models, args.data, args.cache, query_max_length=args.query_max_length,
-                        passage_max_length=args.passage_max_length, batch_size=args.batch_size)
+                        passage_max_length=args.passage_max_length, batch_size=args.batch_size,
+                        cached_only=args.cached_only)
     analysis, records = run_length_mix(args.data, tables, shares=args.shares, seeds=args.seeds,
                                        alpha_set=names[alpha_set], n_resamples=args.resamples)
     predict_on = args.predict_on or alpha_set

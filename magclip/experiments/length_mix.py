@@ -136,9 +136,10 @@ class ModelSpec:
 
 def encode_all(models: Sequence[ModelSpec], folders: Sequence[str | Path], cache: str | Path, *,
                query_max_length: int | None = None, passage_max_length: int | None = None, batch_size: int = 64,
-               progress: bool = False) -> dict[str, dict[str, FormTables]]:
+               progress: bool = False, cached_only: bool = False) -> dict[str, dict[str, FormTables]]:
     """{model: {set: tables}}, each encoded once into `cache` (see `cached_tables`); the max lengths, when
-    given, apply to every model (the trained models' own: 64 / 160), so only the weights differ."""
+    given, apply to every model (the trained models' own: 64 / 160), so only the weights differ.
+    `cached_only`: a model is left out of the sets it has no cached tables for (logged), none is encoded."""
     from magclip.models.text import BiEncoder
 
     out: dict[str, dict[str, FormTables]] = {}
@@ -154,6 +155,10 @@ def encode_all(models: Sequence[ModelSpec], folders: Sequence[str | Path], cache
 
         out[spec.name] = {}
         for folder in folders:
+            if cached_only and not tables_path(cache, spec.name, Path(folder).name).is_file():
+                log.warning("%s has no cached tables for %s: left out of that set (--cached-only)", spec.name,
+                            Path(folder).name)
+                continue
             log.info("tables of %s on %s", spec.name, Path(folder).name)
             out[spec.name][Path(folder).name] = cached_tables(cache, spec.name, folder, load, batch_size=batch_size,
                                                               progress=progress)
@@ -288,7 +293,7 @@ class VariantScorer:
         for model, t in self.tables.items():
             modes = [*MODES, *([RESIDUAL] if model in alphas else [])]
             out.ndcg[model] = {m: {} for m in modes}
-            out.quartiles[model] = {m: {} for m in modes}
+            out.quartiles[model] = {m: {} for m in MODES}
             out.quartile_edges[model], out.rho[model], out.fits[model] = {}, {}, {}
             for share in shares:
                 label = share_label(share)
@@ -298,6 +303,9 @@ class VariantScorer:
                     for replaced in choices:
                         found, tokens, fit = self.rank(model, m, replaced, alphas.get(model, 0.0))
                         rows.append([found.ndcg[q] for q in qids])
+                        if m == RESIDUAL:
+                            out.fits[model].setdefault(label, []).append(fit)
+                            continue
                         strat = length_stratified_metrics(self.data.qrels, found.run, dict(zip(self.doc_ids, tokens.tolist())),
                                                           QUARTILES)
                         bins.append([b["ndcg@10"] for b in strat["bins"]])
@@ -307,10 +315,9 @@ class VariantScorer:
                                 length_correlation(docs.norm(dim=-1).numpy(), tokens)["spearman"])
                             out.quartile_edges[model].setdefault(label, []).append(
                                 [b["length_upto"] for b in strat["bins"]])
-                        if m == RESIDUAL:
-                            out.fits[model].setdefault(label, []).append(fit)
                     out.ndcg[model][m][label] = np.asarray(rows)
-                    out.quartiles[model][m][label] = bins
+                    if bins:
+                        out.quartiles[model][m][label] = bins
         return out
 
 
@@ -357,8 +364,10 @@ def paired(diffs: np.ndarray, n_resamples: int = 10_000) -> dict[str, Any]:
 
 
 def choice_mean(rows: Sequence[Sequence[float]]) -> list[float | None]:
-    """The mean over choices of per-bin values (a bin empty in every choice: None)."""
-    a = np.asarray(rows, dtype=float)
+    """The mean over choices of per-bin values (a bin empty in every choice: None). Tied lengths can merge
+    quantile bins (`quantile_edges`), so a choice may have fewer bins: its missing ones count as empty."""
+    width = max(len(r) for r in rows)
+    a = np.array([[np.nan if x is None else x for x in r] + [np.nan] * (width - len(r)) for r in rows], dtype=float)
     ok = np.isfinite(a)
     total, count = np.where(ok, a, 0.0).sum(axis=0), ok.sum(axis=0)
     return [float(t / c) if c else None for t, c in zip(total, count)]
@@ -413,8 +422,8 @@ def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[s
                    n_resamples: int = 10_000) -> tuple[dict[str, Any], dict[str, Any]]:
     """(analysis, per-query records) over every set: α chosen per model on `alpha_set`'s `alpha_split`
     (unmixed), then every variant of every set scored on its test split (see the module docstring)."""
-    residual_models = list(tables) if residual_models is None else list(residual_models)
     alpha_name = Path(alpha_set).name
+    residual_models = [m for m in (tables if residual_models is None else residual_models) if alpha_name in tables[m]]
     chosen, curves = {}, {}
     for model in residual_models:
         chosen[model], curves[model] = choose_alpha(alpha_set, alpha_split, tables[model][alpha_name], alphas)
@@ -426,9 +435,10 @@ def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[s
     for folder in folders:
         name = Path(folder).name
         log.info("scoring the variants of %s", name)
-        scorer = VariantScorer(folder, "test", {m: tables[m][name] for m in tables})
+        scorer = VariantScorer(folder, "test", {m: tables[m][name] for m in tables if name in tables[m]})
         scores = scorer.score(shares, seeds, chosen)
         analysis["sets"][name] = analyse_set(scores, n_resamples=n_resamples)
+        analysis["sets"][name]["models"] = list(scorer.tables)
         analysis["sets"][name]["docs"] = len(scorer.doc_ids)
         analysis["sets"][name]["tokens"] = form_lengths(next(iter(scorer.tables.values())))
         records["sets"][name] = {"split": scores.split, "query_ids": scores.query_ids,
