@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS), help="choice seeds (%(default)s)")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
                         help="a model to score (repeat); NAME zero_shot, cosine and dot name the page's contrasts")
-    parser.add_argument("--cache", default=".cache/length_mix/tables", help="the encoded full/short tables")
+    parser.add_argument("--cache", default=".cache/length_mix/tables", help="the encoded full/short tables and each model's scores per set, "
+                        "kept under the model's NAME (clear it when a NAME points to another model)")
     parser.add_argument("--query-max-length", type=int, default=64)
     parser.add_argument("--passage-max-length", type=int, default=160)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -96,7 +97,8 @@ def score(args) -> None:
                         passage_max_length=args.passage_max_length, batch_size=args.batch_size,
                         cached_only=args.cached_only)
     analysis, records = run_length_mix(args.data, tables, shares=args.shares, seeds=args.seeds,
-                                       alpha_set=names[alpha_set], n_resamples=args.resamples)
+                                       alpha_set=names[alpha_set], n_resamples=args.resamples,
+                                       score_cache=args.cache)
     predict_on = args.predict_on or alpha_set
     if 0.5 in args.shares and predict_on in analysis["sets"]:
         analysis["prediction"] = prediction(analysis, predict_on, 0.5)

@@ -284,41 +284,73 @@ class VariantScorer:
         found = search_ndcg(q, docs, queries["ids"], self.doc_ids, self.data.qrels, scorer, self.exclusions(replaced))
         return found, tokens, fit
 
-    def score(self, shares: Sequence[float], seeds: Sequence[int], alphas: Mapping[str, float]) -> SetScores:
+    def score_model(self, model: str, shares: Sequence[float], seeds: Sequence[int],
+                    alpha: float | None = None) -> dict[str, Any]:
+        """One model on every variant (JSON-able, so a later run can reuse it): per mode and share the
+        [choices][queries] nDCG@10 (`residual` too when `alpha` is given), the per-quartile nDCG@10, the
+        quartiles' upper edges, rho(norm, length) per choice and the residual fits."""
         from magclip.data.length_mix import replaced_ids
         from magclip.diagnostics.length import length_correlation, length_stratified_metrics
 
         qids = sorted(self.data.qrels)
-        out = SetScores(self.data.name, self.split, qids, {}, {}, {}, {}, {})
-        for model, t in self.tables.items():
-            modes = [*MODES, *([RESIDUAL] if model in alphas else [])]
-            out.ndcg[model] = {m: {} for m in modes}
-            out.quartiles[model] = {m: {} for m in MODES}
-            out.quartile_edges[model], out.rho[model], out.fits[model] = {}, {}, {}
-            for share in shares:
-                label = share_label(share)
-                choices = [replaced_ids(self.doc_ids, share, s) for s in seeds] if share else [[]]
-                for m in modes:
-                    rows, bins = [], []
-                    for replaced in choices:
-                        found, tokens, fit = self.rank(model, m, replaced, alphas.get(model, 0.0))
-                        rows.append([found.ndcg[q] for q in qids])
-                        if m == RESIDUAL:
-                            out.fits[model].setdefault(label, []).append(fit)
-                            continue
-                        strat = length_stratified_metrics(self.data.qrels, found.run, dict(zip(self.doc_ids, tokens.tolist())),
-                                                          QUARTILES)
-                        bins.append([b["ndcg@10"] for b in strat["bins"]])
-                        if m == MODES[0]:
-                            docs, _ = assemble(t, replaced)
-                            out.rho[model].setdefault(label, []).append(
-                                length_correlation(docs.norm(dim=-1).numpy(), tokens)["spearman"])
-                            out.quartile_edges[model].setdefault(label, []).append(
-                                [b["length_upto"] for b in strat["bins"]])
-                    out.ndcg[model][m][label] = np.asarray(rows)
-                    if bins:
-                        out.quartiles[model][m][label] = bins
+        modes = [*MODES, *([RESIDUAL] if alpha is not None else [])]
+        out: dict[str, Any] = {"query_ids": qids, "alpha": alpha, "ndcg": {m: {} for m in modes},
+                               "quartiles": {m: {} for m in MODES}, "quartile_edges": {}, "rho": {}, "fits": {}}
+        for share in shares:
+            label = share_label(share)
+            choices = [replaced_ids(self.doc_ids, share, s) for s in seeds] if share else [[]]
+            for m in modes:
+                rows, bins = [], []
+                for replaced in choices:
+                    found, tokens, fit = self.rank(model, m, replaced, alpha or 0.0)
+                    rows.append([found.ndcg[q] for q in qids])
+                    if m == RESIDUAL:
+                        out["fits"].setdefault(label, []).append(fit)
+                        continue
+                    strat = length_stratified_metrics(self.data.qrels, found.run, dict(zip(self.doc_ids, tokens.tolist())),
+                                                      QUARTILES)
+                    bins.append([b["ndcg@10"] for b in strat["bins"]])
+                    if m == MODES[0]:
+                        docs, _ = assemble(self.tables[model], replaced)
+                        out["rho"].setdefault(label, []).append(
+                            length_correlation(docs.norm(dim=-1).numpy(), tokens)["spearman"])
+                        out["quartile_edges"].setdefault(label, []).append([b["length_upto"] for b in strat["bins"]])
+                out["ndcg"][m][label] = rows
+                if bins:
+                    out["quartiles"][m][label] = bins
         return out
+
+    def score(self, shares: Sequence[float], seeds: Sequence[int], alphas: Mapping[str, float],
+              cache: str | Path | None = None) -> SetScores:
+        """Every model on every variant; with `cache`, each model's scores are kept as
+        `<cache>/<model>/<set>.scores.json` and reused when shares, seeds and α match."""
+        out = SetScores(self.data.name, self.split, sorted(self.data.qrels), {}, {}, {}, {}, {})
+        for model in self.tables:
+            got = self._cached_scores(cache, model, shares, seeds, alphas.get(model))
+            out.ndcg[model] = {m: {p: np.asarray(v) for p, v in by_p.items()} for m, by_p in got["ndcg"].items()}
+            out.quartiles[model], out.quartile_edges[model] = got["quartiles"], got["quartile_edges"]
+            out.rho[model], out.fits[model] = got["rho"], got["fits"]
+        return out
+
+    def _cached_scores(self, cache: str | Path | None, model: str, shares: Sequence[float], seeds: Sequence[int],
+                       alpha: float | None) -> dict[str, Any]:
+        import json
+
+        from magclip.io import atomic_write_json
+
+        key = {"shares": [share_label(p) for p in shares], "seeds": list(seeds), "alpha": alpha, "split": self.split}
+        path = Path(cache) / model / f"{self.data.name}.scores.json" if cache else None
+        if path is not None and path.is_file():
+            kept = json.loads(path.read_text())
+            if kept.get("key") == key and kept["scores"]["query_ids"] == sorted(self.data.qrels):
+                log.info("scores of %s on %s from %s", model, self.data.name, path)
+                return kept["scores"]
+        log.info("scoring %s on the variants of %s", model, self.data.name)
+        scores = self.score_model(model, shares, seeds, alpha)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {"key": key, "scores": scores})
+        return scores
 
 
 def choose_alpha(folder: str | Path, split: str, tables: FormTables, alphas: Sequence[float] = ALPHAS) -> tuple[float, dict[str, float]]:
@@ -419,7 +451,7 @@ def prediction(analysis: Mapping[str, Any], set_name: str, share: float = 0.5,
 def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[str, FormTables]], *,
                    shares: Sequence[float], seeds: Sequence[int], alpha_set: str | Path, alpha_split: str = "train",
                    residual_models: Sequence[str] | None = None, alphas: Sequence[float] = ALPHAS,
-                   n_resamples: int = 10_000) -> tuple[dict[str, Any], dict[str, Any]]:
+                   n_resamples: int = 10_000, score_cache: str | Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(analysis, per-query records) over every set: α chosen per model on `alpha_set`'s `alpha_split`
     (unmixed), then every variant of every set scored on its test split (see the module docstring)."""
     alpha_name = Path(alpha_set).name
@@ -436,7 +468,7 @@ def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[s
         name = Path(folder).name
         log.info("scoring the variants of %s", name)
         scorer = VariantScorer(folder, "test", {m: tables[m][name] for m in tables if name in tables[m]})
-        scores = scorer.score(shares, seeds, chosen)
+        scores = scorer.score(shares, seeds, chosen, cache=score_cache)
         analysis["sets"][name] = analyse_set(scores, n_resamples=n_resamples)
         analysis["sets"][name]["models"] = list(scorer.tables)
         analysis["sets"][name]["docs"] = len(scorer.doc_ids)
