@@ -100,7 +100,7 @@ def score(args) -> None:
                                        alpha_set=names[alpha_set], n_resamples=args.resamples,
                                        score_cache=args.cache)
     predict_on = args.predict_on or alpha_set
-    if 0.5 in args.shares and predict_on in analysis["sets"]:
+    if 0.5 in args.shares and "dot_minus_cosine" in analysis["sets"].get(predict_on, {}).get("contrasts", {}):
         analysis["prediction"] = prediction(analysis, predict_on, 0.5)
     analysis["models"] = {m.name: m.path for m in models}
     analysis["max_lengths"] = {"query": args.query_max_length, "passage": args.passage_max_length}

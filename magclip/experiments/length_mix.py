@@ -225,7 +225,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 MODES = ("cosine", "dot")
 RESIDUAL = "residual"
 QUARTILES = 4
-ALPHAS = tuple(float(a) for a in np.round(np.arange(-8.0, 8.01, 0.5), 2))
+# the α grid: by 0.1 within [-2, 2] (where a residual norm with a spread of ~0.1 moves rankings a little), by 0.5 beyond
+ALPHAS = tuple(sorted({*np.round(np.arange(-8.0, 8.01, 0.5), 2).tolist(), *np.round(np.arange(-2.0, 2.01, 0.1), 2).tolist()}))
 
 
 def share_label(share: float) -> str:
@@ -466,6 +467,9 @@ def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[s
     records: dict[str, Any] = {"shares": analysis["shares"], "seeds": list(seeds), "sets": {}}
     for folder in folders:
         name = Path(folder).name
+        if not any(name in tables[m] for m in tables):
+            log.warning("no model has tables for %s: left out", name)
+            continue
         log.info("scoring the variants of %s", name)
         scorer = VariantScorer(folder, "test", {m: tables[m][name] for m in tables if name in tables[m]})
         scores = scorer.score(shares, seeds, chosen, cache=score_cache)
