@@ -539,8 +539,9 @@ def plot_curves(analysis: Mapping[str, Any], path: str | Path) -> Path:
         bottom.axhline(0, color="k", lw=0.6)
         bottom.set_xlabel("share p of documents replaced by their short form")
         bottom.set_ylabel("difference ×100 (95 % CI, queries)")
-    axes[0].legend(fontsize=6.5, loc="best")
-    axes[len(sets)].legend(fontsize=6.5, loc="best")
+    for row in (axes[:len(sets)], axes[len(sets):]):   # one legend per row with every line drawn in it
+        found = {label: h for ax in row for h, label in zip(*ax.get_legend_handles_labels())}
+        row[-1].legend(list(found.values()), list(found), fontsize=6.5, loc="best")
     fig.tight_layout()
     return save_figure(fig, path)
 
