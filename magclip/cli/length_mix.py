@@ -26,6 +26,7 @@ Scoring uses each set's test qrels; α of the residual-norm score is chosen on -
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def score(args) -> None:
         atomic_write_json(args.out, analysis)
     if args.records:
         Path(args.records).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.records, records)
+        atomic_write_text(args.records, json.dumps(records, separators=(",", ":")) + "\n")  # compact: ~2 MB
     if args.report:
         atomic_write_text(args.report, report)
     if args.figure:

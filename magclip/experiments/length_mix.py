@@ -478,7 +478,7 @@ def run_length_mix(folders: Sequence[str | Path], tables: Mapping[str, Mapping[s
         analysis["sets"][name]["docs"] = len(scorer.doc_ids)
         analysis["sets"][name]["tokens"] = form_lengths(next(iter(scorer.tables.values())))
         records["sets"][name] = {"split": scores.split, "query_ids": scores.query_ids,
-                                 "ndcg@10": {m: {mode: {p: np.round(v, 6).tolist() for p, v in by_p.items()}
+                                 "ndcg@10": {m: {mode: {p: np.round(v, 5).tolist() for p, v in by_p.items()}
                                                  for mode, by_p in modes.items()} for m, modes in scores.ndcg.items()}}
     return analysis, records
 
