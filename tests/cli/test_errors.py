@@ -29,6 +29,7 @@ def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
      "error: data.train: shard not found: /no/such/shard-000000.tar"),
     (["eval/beir.py", "--data", "no_such_dir", "--out", "r.json"], "error: BEIR folder not found: no_such_dir"),
     (["eval/sts.py", "--data", "no_such.tsv", "--out", "r.json"], "error: --data no_such.tsv: not found"),
+    (["eval/length_mix.py", "--data", "no_such_dir", "--variants", "v"], "error: --data no_such_dir: not found"),
     (["train/text.py", "data.beir=no_such_dir", "data.train=null"], "error: data.beir: not found: no_such_dir"),
     (["train/clip.py", "data.train=pipe:false", "data.num_samples=16"],  # issue row 9.14
      "error: data.train: pipe:false: the command exited with status 1 before sending any data"),
