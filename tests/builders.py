@@ -211,3 +211,28 @@ def toy_text_grid(folder: Path, name: str, axes: dict, *, columns: list[str], ro
     path = folder / "grid.yaml"
     path.write_text(json.dumps(spec))    # JSON is YAML
     return path
+
+
+def save_tiny_resnet(folder: Path, seed: int = 0) -> Path:
+    """A random-init tiny-resnet's open_clip weights (`tiny.pt`): what magclip and a peer tool both load."""
+    import torch
+
+    from magclip.models.clip import create_clip
+
+    torch.manual_seed(seed)
+    path = folder / "tiny.pt"
+    torch.save(create_clip("tiny-resnet", None).model.clip.state_dict(), path)
+    return path
+
+
+def beir_command_record(tmp_path: Path, monkeypatch, model_dir: Path, folder: Path) -> dict:
+    """`magclip-beir --model MODEL --data FOLDER` run in this process; the set's entry of its results.json."""
+    import sys
+
+    from magclip.cli.beir import console
+
+    out = tmp_path / "results.json"
+    monkeypatch.setattr(sys, "argv", ["magclip-beir", "--model", str(model_dir), "--data", str(folder),
+                                      "--out", str(out), "--no-progress"])
+    console()
+    return json.loads(out.read_text())[folder.name]

@@ -9,11 +9,10 @@ counted in the read report and logged, and eval/beir.py's nDCG@10 equals pytrec_
 import csv
 import json
 import logging
-import sys
 
 import numpy as np
 import pytest
-from builders import make_tiny_bert
+from builders import beir_command_record, make_tiny_bert
 
 from magclip.data.beir import load_beir
 
@@ -63,16 +62,11 @@ def test_the_mean_counts_all_zero_queries_as_pytrec_eval_does(tmp_path, monkeypa
     import pytrec_eval
     import torch
 
-    from magclip.cli.beir import console
     from magclip.models.text import BiEncoder
 
     folder = write_beir(tmp_path / "set")
     model_dir = make_tiny_bert(tmp_path / "bert")
-    out = tmp_path / "results.json"
-    monkeypatch.setattr(sys, "argv", ["magclip-beir", "--model", str(model_dir), "--data", str(folder),
-                                      "--out", str(out), "--no-progress"])
-    console()
-    entry = json.loads(out.read_text())["set"]
+    entry = beir_command_record(tmp_path, monkeypatch, model_dir, folder)
     assert entry["queries"] == 4 and entry["read_report"]["queries_all_zero"] == 1
 
     model = BiEncoder.from_pretrained(model_dir)

@@ -10,12 +10,11 @@ eval/beir.py and of a text training run's results, and the nDCG equals pytrec_ev
 import csv
 import json
 import logging
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import make_tiny_bert
+from builders import beir_command_record, make_tiny_bert
 
 from magclip.data.beir import load_beir
 
@@ -89,16 +88,11 @@ def test_the_beir_command_reports_the_reading_and_scores_what_beir_reads(tmp_pat
     import pytrec_eval
     import torch
 
-    from magclip.cli.beir import console
     from magclip.models.text import BiEncoder
 
     folder = write_odd_beir(tmp_path / "odd")
     model_dir = make_tiny_bert(tmp_path / "bert")
-    out = tmp_path / "results.json"
-    monkeypatch.setattr(sys, "argv", ["magclip-beir", "--model", str(model_dir), "--data", str(folder),
-                                      "--out", str(out), "--no-progress"])
-    console()
-    entry = json.loads(out.read_text())["odd"]
+    entry = beir_command_record(tmp_path, monkeypatch, model_dir, folder)
     assert entry["read_report"] == EXPECTED_REPORT and entry["queries"] == 2 and entry["docs"] == 7
 
     corpus, queries, qrels = beir_reading(folder)

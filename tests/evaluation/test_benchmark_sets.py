@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import save_tiny_resnet
 from PIL import Image
 
 from magclip import Scorer
@@ -53,11 +54,7 @@ def caption(rng: random.Random, n: int = 5) -> str:
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
     """A random-init tiny-resnet's weights: what both tools load."""
-    torch.manual_seed(0)
-    bundle = create_clip("tiny-resnet", None)
-    path = tmp_path_factory.mktemp("model") / "tiny.pt"
-    torch.save(bundle.model.clip.state_dict(), path)
-    return path
+    return save_tiny_resnet(tmp_path_factory.mktemp("model"))
 
 
 RETRIEVAL_ROWS = 40

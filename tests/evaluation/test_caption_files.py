@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import png
+from builders import png, save_tiny_resnet
 
 from magclip.data.coco_captions import CocoCaptionsSet
 from magclip.data.eval_sets import resolve_eval_set
@@ -39,11 +39,8 @@ IMAGES = 24
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    bundle = create_clip("tiny-resnet", None)
-    path = tmp_path_factory.mktemp("model") / "tiny.pt"
-    torch.save(bundle.model.clip.state_dict(), path)
-    return path
+    """A random-init tiny-resnet's weights: what both tools load."""
+    return save_tiny_resnet(tmp_path_factory.mktemp("model"))
 
 
 def coco_file(root: Path, n: int = IMAGES) -> tuple[Path, int]:
