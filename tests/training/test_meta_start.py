@@ -142,3 +142,26 @@ def test_a_lora_start_on_the_meta_device_equals_the_eager_one(lora_cases, tmp_pa
         assert all(r["adapters"] == r["held"] > 0 and r["as_held"] and r["a_in_bound"] and r["b_zero"] and r["probed"]
                    for r in ranks), (name, ranks)
         assert len({r["a_sha256"] for r in ranks}) == 1, name
+
+
+def test_a_lora_module_the_forward_never_calls_is_refused_after_the_meta_start(tmp_path):
+    """On the meta device the probe waits for the sharded, filled model (fsdp on one process here): an adapted
+    out_proj of an nn.MultiheadAttention (read by weight) is refused there, in the same one line as eagerly."""
+    from magclip.config import LoRAConfig, LossConfig, TrainConfig
+    from magclip.models.lora import LoRAError, adapt_clip
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
+    from magclip.training.meta_start import start_sharded
+
+    torch.manual_seed(0)
+    save_checkpoint_for_open_clip(create_clip("tiny-vit").model, tmp_path / "clip.safetensors")
+    with build.on_meta():
+        bundle = create_clip("tiny-vit", str(tmp_path / "clip.safetensors"))
+    adapt_clip(bundle.model, LoRAConfig(r=4, target_modules=["out_proj", "c_fc"]), bundle.preprocess_val,
+               bundle.tokenizer, "fp32", "fsdp")   # wrapped on meta: nothing run yet
+    assert all(p.is_meta for p in bundle.model.parameters() if p.ndim > 1)
+    loss = LossConfig(i2t="qnorm", t2i="qnorm")
+    module = CLIPTrainModule(bundle.model, build_loss(loss), build_logit_scale(loss))
+    with pytest.raises(LoRAError, match="never calls .* out_proj"):
+        start_sharded(module, make_accelerator(TrainConfig(precision="fp32"), tmp_path),
+                      TrainConfig(sharding="fsdp", precision="fp32"))
