@@ -18,14 +18,18 @@ per process, fp32, AdamW, grad clipping, no evaluation, the final checkpoint as 
 
 Rows (`train.sharding` and overrides): `ddp` full fine-tuning (every process builds and loads the whole model
 eagerly: also the pre-change fsdp start, which built the whole model on every rank and broadcast it), `fsdp` full
-fine-tuning (meta-device start), `fsdp_lora` (`model.lora.r=16`: skipped, with the reason, while the config does
-not know the key). A row whose estimated need (16 bytes a parameter per replica or /W per shard, plus the
-consolidated model on the main process at the checkpoint, plus ~0.7 GiB of runtime and ~2.5 GiB of a step's
-transients a process, as measured) does not fit in
-the memory available is skipped and said so.
+fine-tuning (meta-device start), `fsdp_lora` (`model.lora.r=16`, started on the meta device too: peft wraps the
+meta-built towers) and `fsdp_lora_bf16` (the same with `train.precision=bf16`: the frozen base held in bf16, as a
+LoRA run in bf16 holds it). A row whose override the config does not know is skipped, with the reason. A row
+whose estimated need (16 bytes a parameter per replica or /W per shard, the frozen base's shards under LoRA, plus
+the consolidated model on the main process at the checkpoint, plus ~0.7 GiB of runtime and ~2.5 GiB (LoRA:
+~1.5 GiB) of a step's transients a process, as measured) does not fit in the memory available is skipped and
+said so.
 
 What is measured, per process: `ru_maxrss` (resource.getrusage(RUSAGE_SELF), the peak resident set since the
-process started), read after the trainer's imports (`runtime_kib`), when the training loop begins
+process started), read after the trainer's imports (`runtime_kib`), when the meta-device start has filled the
+rank's shards (`peak_after_fill_kib`: before any forward; a LoRA run then runs its probe forward, which gathers
+each FSDP unit once as a training forward does), when the training loop begins
 (`peak_at_start_kib`: the model built, loaded, sharded, the optimizer made), when the trainer enters its first
 checkpoint (`peak_before_checkpoint_kib`: the start, the
 optimizer state and the training steps) and at the end (`peak_kib`: also the checkpoint, where the main process
@@ -64,9 +68,11 @@ DECODER = {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, 
 TINY_DECODER = {"vocab_size": 400, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
 ROWS = {"ddp": ["train.sharding=ddp"], "fsdp": ["train.sharding=fsdp"],
-        "fsdp_lora": ["train.sharding=fsdp", "model.lora.r=16"]}
+        "fsdp_lora": ["train.sharding=fsdp", "model.lora.r=16"],
+        "fsdp_lora_bf16": ["train.sharding=fsdp", "model.lora.r=16", "train.precision=bf16"]}
 RUNTIME_BYTES = int(0.7 * GIB)   # a process's Python, torch, transformers and gloo before any model (0.58 measured)
 STEP_BYTES = int(2.5 * GIB)      # a step's transients beyond the state, as measured here at fsdp W=2 (0.5 B decoder)
+LORA_STEP_BYTES = int(1.5 * GIB)  # the same under LoRA (no base gradients), as measured at fsdp_lora W=2
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "cat", "dog",
          "sat", "mat", "query", "passage", "protein", "cell", "cancer", "brain", "white", "matter", "gene", "study",
          "results", "human", "model", "data", "red", "blue", "green", "small", "large"]
@@ -163,6 +169,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def noting_the_reads(module, device):   # the meta-device start: what this rank read of the weights files
         record["meta_start_read"] = fill(module, device)
+        record["peak_after_fill_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return record["meta_start_read"]
 
     meta_start.materialise = noting_the_reads
@@ -206,8 +213,10 @@ def estimated_need(row: str, world: int, parameters: int, start_only: bool = Fal
     fp32 = 4 * parameters
     if start_only:   # the weights whole (eager) or their shards, the runtime, the reading
         return world * ((fp32 if row == "ddp" else fp32 // world) + RUNTIME_BYTES + fp32 // 4)
-    per_process = {"ddp": 4 * fp32, "fsdp": 4 * fp32 // world, "fsdp_lora": fp32 // world}[row]
-    transients = STEP_BYTES * parameters // 494_032_768   # scaled from the measured 0.5 B decoder
+    per_process = {"ddp": 4 * fp32, "fsdp": 4 * fp32 // world, "fsdp_lora": fp32 // world,
+                   "fsdp_lora_bf16": fp32 // 2 // world}[row]
+    step = LORA_STEP_BYTES if row.startswith("fsdp_lora") else STEP_BYTES
+    transients = step * parameters // 494_032_768   # scaled from the measured 0.5 B decoder
     return world * (per_process + RUNTIME_BYTES + transients) + fp32 // 2   # + the main process's checkpoint
 
 
@@ -232,10 +241,10 @@ def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_roo
 
 def markdown(doc: dict[str, Any]) -> str:
     full = doc["setup"]["fp32_weight_bytes"]
-    header = (f"| row | W | peak RSS of each rank after the start (GiB) | largest / full fp32 weights "
-              f"({full / GIB:.2f} GiB) | peak RSS of each rank, to the checkpoint (GiB) | peak RSS of each rank, "
-              "whole run (GiB) |")
-    lines = [header, "|---|---|---|---|---|---|"]
+    header = (f"| row | W | peak RSS of each rank when its shards are filled (GiB) | peak RSS of each rank after the "
+              f"start (GiB) | largest / full fp32 weights ({full / GIB:.2f} GiB) | peak RSS of each rank, to the "
+              "checkpoint (GiB) | peak RSS of each rank, whole run (GiB) |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
 
     def gib(records: list[dict[str, Any]], key: str) -> str:
         return ", ".join(f"{r[key] * KIB / GIB:.2f}" if key in r else "—" for r in records)
@@ -245,17 +254,18 @@ def markdown(doc: dict[str, Any]) -> str:
         row, world = key.rsplit("_", 1)
         start = max(r.get("peak_at_start_kib", 0) for r in records) * KIB / full
         row += " (the start only)" if records[0].get("start_only") else ""
-        lines.append(f"| {row} | {world} | {gib(records, 'peak_at_start_kib')} | {start:.2f} | "
+        lines.append(f"| {row} | {world} | {gib(records, 'peak_after_fill_kib')} | {gib(records, 'peak_at_start_kib')} | "
+                     f"{start:.2f} | "
                      f"{gib(records, 'peak_before_checkpoint_kib')} | {gib(records, 'peak_kib')} |")
     for s in doc["skipped"] + doc.get("failed", []):
-        lines.append(f"| {s['row']} | {s['world']} | skipped: {s['why'][:120]} | | | |")
+        lines.append(f"| {s['row']} | {s['world']} | skipped: {s['why'][:120]} | | | | |")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="1,2,4")
-    p.add_argument("--rows", default="ddp,fsdp,fsdp_lora")
+    p.add_argument("--rows", default="ddp,fsdp,fsdp_lora,fsdp_lora_bf16")
     p.add_argument("--batch", type=int, default=2, help="pairs per process")
     p.add_argument("--seq", type=int, default=32, help="tokens per query / passage")
     p.add_argument("--steps", type=int, default=1, help="optimizer steps (AdamW allocates its state in the first)")
@@ -296,6 +306,8 @@ def main() -> None:
                      "config": config.read_text(), "extra_overrides": args.extra},
            "measures": {"runtime_kib": "ru_maxrss (KiB) after the trainer's imports, before the process group "
                                         "and any model: the runtime every process pays",
+                        "peak_after_fill_kib": "ru_maxrss (KiB) when the meta-device start has filled this rank's "
+                                               "shards, before any forward (a LoRA run's probe forward comes after)",
                         "peak_at_start_kib": "ru_maxrss (KiB) when the training loop begins: the model built, "
                                               "loaded (and under fsdp sharded), the optimizer made, no step taken",
                         "peak_before_checkpoint_kib": "ru_maxrss (KiB) when the trainer enters its first checkpoint: "

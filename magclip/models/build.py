@@ -12,6 +12,9 @@ buffer under the model's own names and shapes; a file that needs open_clip's or 
 (renamed keys, resized position embeddings, a missing logit bias or pooler that the eager loader initialises
 at random) builds that part eagerly, as before, and says so.
 
+A LoRA run wraps the meta-built model with peft (models/lora.py): `WeightsSource.renamed` follows peft's names,
+and the adapters' initial values, drawn whole on every rank alike, are read from `HeldTensors`.
+
 Randomly initialised parts (a tower from scratch, the modules after a sentence-transformers Pooling) are
 built eagerly: a random initialisation on the meta device cannot equal the eager one bit for bit, and they
 are the small parts. Non-persistent buffers (position ids, rotary frequencies, attention masks) are computed
@@ -93,6 +96,33 @@ class WeightsSource:
 
     def close(self) -> None:
         self._torch_files.clear()
+
+    def renamed(self, names: dict[str, str]) -> WeightsSource:
+        """The same files under new state_dict keys (`names`: new key -> the key it had), for a module whose
+        parameters were renamed (peft's `...base_layer.weight` for a wrapped Linear's `...weight`)."""
+        return WeightsSource({new: self.keys[old] for new, old in names.items()}, self._torch_files)
+
+
+@dataclass
+class HeldTensors:
+    """Full tensors held in memory (small ones: LoRA's adapters), read like a WeightsSource: the same values on
+    every rank, each rank keeping its rows."""
+
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def keys(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def __deepcopy__(self, memo: dict) -> HeldTensors:
+        return self
+
+    def read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        tensor = self.tensors[key]
+        return tensor if rows is None else tensor[rows[0]:rows[1]]
+
+    def close(self) -> None:
+        self.tensors.clear()
 
 
 def file_tensors(file: Path) -> dict[str, tuple[int, ...]]:
@@ -228,7 +258,7 @@ def open_clip_on_meta(name: str, weights: Path, **kwargs: Any) -> tuple[nn.Modul
     return attach(clip, source), preprocess_train, preprocess_val
 
 
-def weights_on_meta(model: nn.Module) -> list[tuple[str, WeightsSource]]:
+def weights_on_meta(model: nn.Module) -> list[tuple[str, WeightsSource | HeldTensors]]:
     """The parts of `model` built on the meta device: (their module name, their weights source)."""
     return [(name, getattr(m, WEIGHTS_ATTR)) for name, m in model.named_modules() if hasattr(m, WEIGHTS_ATTR)]
 

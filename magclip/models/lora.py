@@ -11,6 +11,12 @@ the adapters are peft's own modules and files:
   never calls (its weight is read directly, e.g. `out_proj` of an `nn.MultiheadAttention`, which
   `F.multi_head_attention_forward` uses by weight: a LoRA there would never change an output). `probe` runs the
   model once on a small input to see which adapted modules take part.
+- Under `train.sharding: fsdp` the towers are built on the meta device (models/build.py) and wrapped there: the
+  weights sources are renamed to peft's names, the adapters get their initial values as peft's
+  `reset_lora_parameters` gives them (A kaiming-uniform with a=sqrt(5), B zeros: the model starts as its base),
+  drawn whole from a generator seeded with the run's seed and the tower's name, so every rank holds the same ones
+  (not the eager start's draws from the global generator); the probe waits until the model is sharded and filled
+  (`probe_after_start`, called by training/meta_start.py). No process holds the whole base.
 - The default targets (`target_modules: null`) come from the model's structure, not its name: every `nn.Linear`
   inside its repeated blocks (open_clip's residual blocks, a BERT's or a decoder's layers) that the block calls.
   open_clip's attention is an `nn.MultiheadAttention`: peft adapts it as a whole (its in- and out-projection) where
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,8 +41,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from magclip.models import build
+
 log = logging.getLogger("magclip.lora")
 
+PROBE_ATTR = "_magclip_lora_probe"   # a PeftModel wrapped on the meta device: (probe, what), run once it is sharded
 ADAPTER_DIR = "adapter"  # a step folder's peft adapter (a BiEncoder with two towers: adapter/query, adapter/passage)
 
 
@@ -110,13 +121,18 @@ def add_lora(model: nn.Module, cfg: Any, probe: Callable[[nn.Module], object],
     from peft import get_peft_model
 
     config = peft_config(cfg, model)
+    on_meta = build.loaded_on_meta(model)
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as exn:
         first = " ".join(str(exn).split())
         raise LoRAError(f"model.lora.target_modules={_shown(config.target_modules)} cannot adapt {what}: {first[:400]}"
                         " (list the model's modules with model.named_modules())") from None
-    _check_used(peft_model, probe, what)
+    if on_meta:   # the meta-device start: weights read after sharding, the probe run on the sharded model
+        _sources_through_peft(peft_model, what)
+        setattr(peft_model, PROBE_ATTR, (probe, what))
+    else:
+        _check_used(peft_model, probe, what)
     _hold_base(peft_model, base_dtype)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
@@ -143,7 +159,43 @@ def adapted_layers(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in layers.items() if not any(n.startswith(o + ".") for o in layers if o != n)}
 
 
-def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: str) -> None:
+def _sources_through_peft(peft_model: nn.Module, what: str) -> None:
+    """A tower built on the meta device (models/build.py), wrapped by peft there: its weights source under peft's
+    names (a wrapped Linear's `x.weight` is now `x.base_layer.weight`), and the adapters' initial values as peft
+    gives them (`reset_lora_parameters`: A kaiming-uniform with a=sqrt(5), B zeros), drawn whole from a generator
+    seeded with the run's seed and the tower's name, so every rank holds the same adapters and keeps its rows."""
+    for name, module in peft_model.named_modules():
+        source = getattr(module, build.WEIGHTS_ATTR, None)
+        if isinstance(source, build.WeightsSource):
+            names = {key: key.replace(".base_layer.", ".") for key in module.state_dict(keep_vars=True)}
+            build.attach(module, source.renamed({new: old for new, old in names.items() if old in source.keys}))
+    seed = (torch.initial_seed() + zlib.crc32(what.encode())) % 2**63
+    generator = torch.Generator().manual_seed(seed)
+    initial: dict[str, torch.Tensor] = {}
+    for name, p in peft_model.named_parameters():
+        if re.search(r"\.lora_A\.[^.]+\.weight$", name):
+            initial[name] = nn.init.kaiming_uniform_(torch.empty(p.shape), a=math.sqrt(5), generator=generator)
+        elif re.search(r"\.lora_B\.[^.]+\.weight$", name):
+            initial[name] = torch.zeros(p.shape)
+        elif p.is_meta and p.requires_grad:
+            raise LoRAError(f"model.lora on {what}: peft added {name}, which the meta-device start cannot initialise "
+                            "(only lora_A and lora_B): use train.sharding=ddp, or leave out what adds it")
+    build.attach(peft_model, build.HeldTensors(initial))
+
+
+def probe_after_start(model: nn.Module, run: Callable[[Callable[[], object]], object] | None = None) -> None:
+    """The check `add_lora` defers for a tower wrapped on the meta device (every adapted module takes part in the
+    probe), once the model is sharded and filled; `run(fn)` runs `fn` as a forward of the sharded model (every rank
+    calls this: FSDP's all-gathers are collectives)."""
+    for module in list(model.modules()):
+        if hasattr(module, PROBE_ATTR):
+            probe, what = getattr(module, PROBE_ATTR)
+            delattr(module, PROBE_ATTR)
+            _check_used(module, probe, what, run)
+
+
+def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: str,
+                run: Callable[[Callable[[], object]], object] | None = None) -> None:
     """Refuse adapted modules that the model's forward never calls (their weight is read directly elsewhere): their
     adapters would train nothing and change no output."""
     layers = adapted_layers(model)
@@ -153,7 +205,10 @@ def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: st
     model.eval()  # no BatchNorm statistics updated, no dropout drawn: the probe leaves the model as it was
     try:
         with torch.no_grad():
-            probe(model)
+            if run is None:
+                probe(model)
+            else:
+                run(lambda: probe(model))
     finally:
         model.train(was_training)
         for h in handles:
@@ -212,6 +267,10 @@ def is_peft(model: nn.Module) -> bool:
 # ----------------------------------------------------------------------------- the two tasks' towers
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def check_sharding(model: nn.Module, sharding: str) -> None:
     """peft's nn.MultiheadAttention adapter replaces the layer's in_proj_weight during each forward and holds parameters
     outside the module tree FSDP2 walks (fully_shard fails on it): refused under fsdp, in one line."""
@@ -235,12 +294,15 @@ def adapt_clip(raw: nn.Module, cfg: Any, preprocess: Callable, tokenizer: Callab
     from PIL import Image
 
     clip = raw.clip
-    device = next(clip.parameters()).device
-    image = preprocess(Image.new("RGB", (32, 32))).unsqueeze(0).to(device)
-    text = tokenizer(["a photo"]).to(device)
+    image = preprocess(Image.new("RGB", (32, 32))).unsqueeze(0)
+    text = tokenizer(["a photo"])
     dtype = base_dtype_for(precision, clip)
-    raw.clip = add_lora(clip, cfg, lambda m: (m.encode_image(image), m.encode_text(text)), dtype,
-                        what=f"the open_clip model {type(clip).__name__}")
+
+    def probe(m: nn.Module) -> object:   # the model's device when it runs (a meta-built one's is known after the start)
+        device = _device_of(m)
+        return m.encode_image(image.to(device)), m.encode_text(text.to(device))
+
+    raw.clip = add_lora(clip, cfg, probe, dtype, what=f"the open_clip model {type(clip).__name__}")
     check_sharding(raw.clip, sharding)
     return dtype
 
@@ -251,9 +313,10 @@ def adapt_text(encoder: nn.Module, cfg: Any, precision: str) -> torch.dtype:
     dtype = base_dtype_for(precision, encoder)
     for side in ("query", "passage") if encoder.passage_model is not None else ("query",):
         tower = encoder.tower(side)
-        batch = {k: v.to(encoder.device) for k, v in encoder.tokenize(["a probe"], side).items()
+        batch = {k: v for k, v in encoder.tokenize(["a probe"], side).items()
                  if k in ("input_ids", "attention_mask", "token_type_ids")}
-        adapted = add_lora(tower, cfg, lambda m: m(**batch), dtype, what=f"the {side} tower {type(tower).__name__}")
+        adapted = add_lora(tower, cfg, lambda m, batch=batch: m(**{k: v.to(_device_of(m)) for k, v in batch.items()}),
+                           dtype, what=f"the {side} tower {type(tower).__name__}")
         setattr(encoder, "query_model" if side == "query" else "passage_model", adapted)
     for head in (encoder.query_head, encoder.passage_head):
         if head is not None:

@@ -169,7 +169,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     logit_bias = build_logit_bias(cfg.loss)
     # a sigmoid-loss model carries open_clip's own logit_bias (frozen, like its logit_scale; the trained
     # one is `logit_bias` below, written into it at every checkpoint), so plain open_clip loads the bias
-    with towers_built_for(cfg.train, lora_on(cfg.model.lora)):  # on the meta device under fsdp (meta_start.py)
+    with towers_built_for(cfg.train):  # on the meta device under fsdp (meta_start.py)
         bundle = create_clip(cfg.model.name, pretrained_weights(cfg.model.pretrained), lock_text=cfg.model.lock_text,
                              lock_image=cfg.model.lock_image, grad_checkpointing=cfg.model.grad_checkpointing,
                              device=accelerator.device,

@@ -171,7 +171,7 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     torch.manual_seed(cfg.train.seed)
     records, read_skips, train_columns = load_records(cfg.data)
-    with towers_built_for(cfg.train, lora_on(cfg.model.lora)):   # on the meta device under fsdp (meta_start.py)
+    with towers_built_for(cfg.train):   # on the meta device under fsdp (meta_start.py)
         encoder = load_encoder(cfg.model)
     base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
     if lora_on(cfg.model.lora):

@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
-from magclip.config import LossConfig, TextLossConfig, TrainConfig
+from magclip.config import LoRAConfig, LossConfig, TextLossConfig, TrainConfig
 from magclip.losses import RetrievalLoss
 from magclip.models import build
 from magclip.models.clip import create_clip
+from magclip.models.lora import PROBE_ATTR, adapt_clip, adapt_text
 from magclip.models.text import BiEncoder
 from magclip.similarity import make_scorer
 from magclip.training.accelerator import make_accelerator
@@ -39,12 +40,20 @@ def world() -> tuple[int, int]:
 
 
 def module_of(case: dict):
+    """The case's module; with "lora" (r), its towers adapted by peft as a training run adapts them, the base held
+    in the case's "precision" (models/lora.py)."""
     torch.manual_seed(0)
+    lora = LoRAConfig(r=case["lora"]) if case.get("lora") else None
+    precision = case.get("precision", "fp32")
     if case["kind"] == "clip":
         loss_cfg = LossConfig(i2t="qnorm", t2i="learnable")
-        clip = create_clip(case["model"], case["weights"]).model
-        return CLIPTrainModule(clip, build_loss(loss_cfg), build_logit_scale(loss_cfg))
+        bundle = create_clip(case["model"], case["weights"])
+        if lora:
+            adapt_clip(bundle.model, lora, bundle.preprocess_val, bundle.tokenizer, precision, "fsdp")
+        return CLIPTrainModule(bundle.model, build_loss(loss_cfg), build_logit_scale(loss_cfg))
     encoder = BiEncoder.from_pretrained(case["weights"], pooling=case.get("pooling"), shared=case.get("shared"))
+    if lora:
+        adapt_text(encoder, lora, precision)
     cfg = TextLossConfig(mode="dnorm")
     return TextTrainModule(encoder, RetrievalLoss(make_scorer(cfg.mode), 1, True), text_logit_scale(cfg))
 
@@ -75,14 +84,49 @@ def tensors(module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
+def held_adapters(module) -> dict[str, torch.Tensor]:
+    """The adapters' initial values each rank holds whole before the start (build.HeldTensors), by parameter name."""
+    return {(f"{prefix}.{key}" if prefix else key): source.read(key).clone()
+            for prefix, source in build.weights_on_meta(module) if isinstance(source, build.HeldTensors)
+            for key in source.keys}
+
+
+def adapter_record(module, held: dict[str, torch.Tensor]) -> dict:
+    """LoRA's adapters after a meta-device start: every rank's digest of the A matrices it held whole before the
+    start (equal on every rank: the shards stitch into one draw), whether the gathered adapters are exactly those
+    (each rank filled its own rows), A within peft's kaiming-uniform bound 1/sqrt(fan_in), every B zero (the
+    model's output is the base's, as peft starts), and whether the deferred probe ran."""
+    import hashlib
+
+    digest, as_held, a_ok, b_zero, n = hashlib.sha256(), True, True, True, 0
+    for name, p in sorted(module.named_parameters()):
+        if ".lora_A." in name or ".lora_B." in name:
+            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()   # a collective
+            n += 1
+            as_held &= torch.equal(full, held[name])
+            if ".lora_A." in name:
+                digest.update(held[name].numpy().tobytes())
+                a_ok &= bool(full.abs().max() <= full.shape[1] ** -0.5) and bool(full.abs().max() > 0)
+            else:
+                b_zero &= bool((full == 0).all())
+    return {"adapters": n, "a_sha256": digest.hexdigest(), "as_held": as_held, "a_in_bound": a_ok, "b_zero": b_zero,
+            "held": len(held), "probed": not any(hasattr(m, PROBE_ATTR) for m in module.modules())}
+
+
 def check(case: dict, accelerator) -> dict:
     eager = tensors(module_of(case))
     module = meta_module_of(case)
     loaded = build.weights_on_meta(module)
     on_meta = {n for n, p in module.named_parameters() if p.is_meta}
-    sharding = start_sharded(module, accelerator, TrainConfig(sharding="fsdp", precision="fp32"))
+    precision = case.get("precision", "fp32")
+    held = held_adapters(module)
+    sharding = start_sharded(module, accelerator, TrainConfig(sharding="fsdp", precision=precision))
     mismatches, sharded, local_numel, full_numel = [], 0, 0, 0
+    lora = adapter_record(module, held) if case.get("lora") else {}
+    dtypes = sorted({str(local(p).dtype) for n, p in module.named_parameters() if "lora_" not in n and p.ndim > 1})
     for name, t in tensors(module).items():
+        if "lora_" in name:   # drawn on every rank alike (adapter_record), not from the eager start's RNG
+            continue
         rows = local_rows(t)
         expected = eager[name] if rows is None else eager[name][rows[0]:rows[1]]
         mine = local(t)
@@ -96,9 +140,10 @@ def check(case: dict, accelerator) -> dict:
         consolidated = None
         if full is not None:
             state, eager_state = full.state_dict(), {k: eager[k] for k in full.state_dict()}
-            consolidated = all(torch.equal(state[k].cpu(), eager_state[k]) for k in state)
+            consolidated = all(torch.equal(state[k].cpu(), eager_state[k]) for k in state if "lora_" not in k)
     return {"loaded_parts": len(loaded), "meta_parameters": len(on_meta), "mismatches": mismatches,
-            "sharded": sharded, "local_numel": local_numel, "full_numel": full_numel, "consolidated": consolidated}
+            "sharded": sharded, "local_numel": local_numel, "full_numel": full_numel, "consolidated": consolidated,
+            "base_dtypes": dtypes, **lora}
 
 
 if __name__ == "__main__":

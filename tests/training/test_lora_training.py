@@ -1,6 +1,6 @@
 """model.lora in training: only the adapters, the logit scale and learnable γ train (every scoring mode), on a base
 held in bf16 that does not move; a LoRA run resumed from its checkpoint ends like the unbroken run; a LoRA run under
-fsdp on 2 gloo processes (a decoder tower) trains and writes peft's adapter folder beside the merged
+fsdp on 2 gloo processes (a decoder tower, started on the meta device) trains and writes peft's adapter folder beside the merged
 sentence-transformers folder; a combination that cannot work ends the command in one line with exit 2."""
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def test_lora_under_fsdp_on_two_processes(tmp_path):
                            "train.lr=1e-2", "train.max_steps=3", "train.checkpoint_every=2", "eval.beir={}"],
                           env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # the towers started on the meta device, each process reading its shards (models/build.py, meta_start.py)
+    assert "meta-device start: this process read" in proc.stdout + proc.stderr, proc.stderr[-4000:]
     run = tmp_path / "runs" / "lora"
     results = json.loads((run / "results.json").read_text())
     assert results["world_size"] == 2 and results["sharding"] == "fsdp" and "toy/spearman" in results["metrics"]

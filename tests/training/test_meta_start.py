@@ -67,6 +67,17 @@ def cases(tmp_path_factory) -> dict[str, dict]:
     }
 
 
+@pytest.fixture(scope="module")
+def lora_cases(cases) -> dict[str, dict]:
+    """LoRA (peft) wrapped on the meta device: a BERT from a sharded set with a bf16 base, a decoder's two towers,
+    the open_clip model in fp32."""
+    return {
+        "lora_bert_bf16": {**cases["bert_sharded_index"], "lora": 4, "precision": "bf16"},
+        "lora_decoder_two_towers_bf16": {**cases["decoder_sharded_two_towers"], "lora": 4, "precision": "bf16"},
+        "lora_clip": {**cases["clip_safetensors"], "lora": 4},
+    }
+
+
 def launch(nproc: int, out: Path, cases: dict) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps(cases))
@@ -113,3 +124,44 @@ def test_a_file_the_loader_converts_is_built_eagerly(tmp_path):
 
         encoder = BiEncoder.from_pretrained(bert)
     assert not build.loaded_on_meta(encoder) and not any(p.is_meta for p in encoder.parameters())
+
+
+def test_a_lora_start_on_the_meta_device_equals_the_eager_one(lora_cases, tmp_path):
+    """peft wraps the towers on the meta device: every rank's base shards equal an eager LoRA start's (bf16 where the
+    base is held in bf16), read with the whole-file loaders failing; the adapters are drawn alike on every rank (A as
+    peft draws it, B zero: the model's output is the base's); the probe that every adapted module is called ran on
+    the sharded model."""
+    by_rank = launch(2, tmp_path, lora_cases)
+    for name, case in lora_cases.items():
+        ranks = [r["cases"][name] for r in by_rank]
+        assert all(r["mismatches"] == [] for r in ranks), (name, [r["mismatches"][:5] for r in ranks])
+        assert ranks[0]["consolidated"] is True, name
+        assert all(r["loaded_parts"] >= 2 and r["sharded"] > 0 for r in ranks), name   # the base's files + adapters
+        assert all(r["base_dtypes"] == (["torch.bfloat16"] if case.get("precision") == "bf16" else ["torch.float32"])
+                   for r in ranks), (name, ranks[0]["base_dtypes"])
+        assert all(r["adapters"] == r["held"] > 0 and r["as_held"] and r["a_in_bound"] and r["b_zero"] and r["probed"]
+                   for r in ranks), (name, ranks)
+        assert len({r["a_sha256"] for r in ranks}) == 1, name
+
+
+def test_a_lora_module_the_forward_never_calls_is_refused_after_the_meta_start(tmp_path):
+    """On the meta device the probe waits for the sharded, filled model (fsdp on one process here): an adapted
+    out_proj of an nn.MultiheadAttention (read by weight) is refused there, in the same one line as eagerly."""
+    from magclip.config import LoRAConfig, LossConfig, TrainConfig
+    from magclip.models.lora import LoRAError, adapt_clip
+    from magclip.training.accelerator import make_accelerator
+    from magclip.training.clip import CLIPTrainModule, build_logit_scale, build_loss
+    from magclip.training.meta_start import start_sharded
+
+    torch.manual_seed(0)
+    save_checkpoint_for_open_clip(create_clip("tiny-vit").model, tmp_path / "clip.safetensors")
+    with build.on_meta():
+        bundle = create_clip("tiny-vit", str(tmp_path / "clip.safetensors"))
+    adapt_clip(bundle.model, LoRAConfig(r=4, target_modules=["out_proj", "c_fc"]), bundle.preprocess_val,
+               bundle.tokenizer, "fp32", "fsdp")   # wrapped on meta: nothing run yet
+    assert all(p.is_meta for p in bundle.model.parameters() if p.ndim > 1)
+    loss = LossConfig(i2t="qnorm", t2i="qnorm")
+    module = CLIPTrainModule(bundle.model, build_loss(loss), build_logit_scale(loss))
+    with pytest.raises(LoRAError, match="never calls .* out_proj"):
+        start_sharded(module, make_accelerator(TrainConfig(precision="fp32"), tmp_path),
+                      TrainConfig(sharding="fsdp", precision="fp32"))
