@@ -127,7 +127,16 @@ def run(out: Path, decoder: Path) -> None:
     if rank == 0:
         record["clip_val"] = val_record(out / "clip")
         record["text_val"] = val_record(out / "text")
-        torch.save(record, out / "eval.pt")
+        torch.save(plain(record), out / "eval.pt")   # read back with weights_only=True
+
+
+def plain(value):
+    """`value` with numpy scalars as Python numbers (a weights_only load refuses numpy's globals)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value.item() if hasattr(value, "item") and not torch.is_tensor(value) else value
 
 
 if __name__ == "__main__":
@@ -147,3 +156,4 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
