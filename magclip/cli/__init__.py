@@ -135,7 +135,8 @@ def _stopped(exn: BaseException) -> bool:
         return False
     from magclip.training.preemption import STOPPED_EXIT, TrainingStopped
 
-    if not isinstance(exn, TrainingStopped):
+    exn = _stop_within(exn, TrainingStopped)
+    if exn is None:
         return False
     if _reports_errors():
         print(f"{_where()}{exn}", file=sys.stderr)
@@ -148,6 +149,19 @@ def _stopped(exn: BaseException) -> bool:
     if _in_process_group():
         _exit_now(STOPPED_EXIT)
     raise SystemExit(STOPPED_EXIT) from None
+
+
+def _stop_within(exn: BaseException, stopped: type) -> BaseException | None:
+    """The stop `exn` is or wraps: a signal during the start raises TrainingStopped wherever the interpreter is, and
+    the code it lands in may catch it and raise its own error from it (an import or loading wrapper that names
+    what failed); the run must still end as a stop (exit 75), not as a failure."""
+    seen: set[int] = set()
+    while exn is not None and id(exn) not in seen:
+        if isinstance(exn, stopped):
+            return exn
+        seen.add(id(exn))
+        exn = exn.__cause__ or exn.__context__
+    return None
 
 
 REPORT_GRACE_S = 10.0  # how long a silent process waits for its node's first process to say why
