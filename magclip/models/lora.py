@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from magclip.models import build
+from magclip.models.blocks import repeated_blocks
 
 log = logging.getLogger("magclip.lora")
 
@@ -56,21 +57,6 @@ class LoRAError(ValueError):
 def lora_on(cfg: Any) -> bool:
     """Whether a `model.lora` section asks for adapters (r > 0)."""
     return cfg is not None and cfg.r > 0
-
-
-def repeated_blocks(model: nn.Module, prefix: str = "") -> list[tuple[str, nn.Module]]:
-    """(name, block) of the model's repeated blocks: the children of a ModuleList or Sequential that are all of one
-    class, composite and hold parameters (the rule of training/sharding.py's FSDP units). Not searched inside blocks."""
-    blocks: list[tuple[str, nn.Module]] = []
-    for name, child in model.named_children():
-        full = f"{prefix}{name}"
-        kids = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
-        if kids and len({type(k) for _, k in kids}) == 1 and all(
-                any(True for _ in k.children()) and any(True for _ in k.parameters()) for _, k in kids):
-            blocks.extend((f"{full}.{n}", k) for n, k in kids)
-        else:
-            blocks.extend(repeated_blocks(child, f"{full}."))
-    return blocks
 
 
 def default_targets(model: nn.Module) -> list[str]:

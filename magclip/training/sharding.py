@@ -46,6 +46,7 @@ from torch import nn
 
 from magclip import distributed
 from magclip.distributed import Share
+from magclip.models.blocks import repeated_blocks
 
 log = logging.getLogger("magclip.training.sharding")
 
@@ -57,19 +58,7 @@ def shard_units(tower: nn.Module) -> list[nn.Module]:
     all of one class, composite (they hold sub-modules) and hold parameters, of a class FSDP2 can wrap (not
     sentence-transformers' Dense: its `__slots__` layout refuses FSDP2's subclass; its parameters stay in the
     tower's unit). Blocks are not searched inside blocks. Models are data: no model name is looked at."""
-    units: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            kids = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
-            if kids and len({type(k) for k in kids}) == 1 and _fsdp_can_wrap(type(kids[0])) and all(
-                    any(True for _ in k.children()) and any(True for _ in k.parameters()) for k in kids):
-                units.extend(kids)
-            else:
-                visit(child)
-
-    visit(tower)
-    return units
+    return [block for _, block in repeated_blocks(tower, accept=_fsdp_can_wrap)]
 
 
 def _fsdp_can_wrap(cls: type) -> bool:
