@@ -236,3 +236,14 @@ def beir_command_record(tmp_path: Path, monkeypatch, model_dir: Path, folder: Pa
                                       "--out", str(out), "--no-progress"])
     console()
     return json.loads(out.read_text())[folder.name]
+
+
+def write_beir_folder(folder: Path, docs: list, queries: list, qrels: list, split: str = "test") -> Path:
+    """A BEIR folder as BEIR writes it: corpus.jsonl ((id, text), empty titles), queries.jsonl, qrels/SPLIT.tsv with its
+    header ((query, document, score) rows, in order: repeated pairs stay repeated)."""
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in docs))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in queries))
+    (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                                   + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in qrels))
+    return folder

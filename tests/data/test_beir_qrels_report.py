@@ -7,12 +7,11 @@ counted in the read report and logged, and eval/beir.py's nDCG@10 equals pytrec_
 """
 
 import csv
-import json
 import logging
 
 import numpy as np
 import pytest
-from builders import beir_command_record, make_tiny_bert
+from builders import beir_command_record, make_tiny_bert, write_beir_folder
 
 from magclip.data.beir import load_beir
 
@@ -25,12 +24,7 @@ QRELS = [("q1", "d1", 1), ("q2", "d5", 0), ("q2", "d4", 0),    # q2: judged, not
 
 
 def write_beir(folder):
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in DOCS))
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in QUERIES))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                               + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in QRELS))
-    return folder
+    return write_beir_folder(folder, DOCS, QUERIES, QRELS)
 
 
 def beir_qrels(folder) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import beir_command_record, make_tiny_bert
+from builders import beir_command_record, make_tiny_bert, write_beir_folder
 
 from magclip.data.beir import load_beir
 
@@ -28,12 +28,7 @@ QRELS = [("q1", "d1", 1), ("q2", "d2", 1), ("q2", "d7", 0)]   # q3 is judged now
 
 
 def write_odd_beir(folder: Path) -> Path:
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in DOCS))
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": i, "text": t}) + "\n" for i, t in QUERIES))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
-                                               + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in QRELS))
-    return folder
+    return write_beir_folder(folder, DOCS, QUERIES, QRELS)
 
 
 def beir_reading(folder: Path, split: str = "test"):
