@@ -106,7 +106,7 @@ def magclip_config(a, workdir: str):
         f"train.beta2={r['beta2']}", f"train.eps={r['eps']}", f"train.grad_clip={r['grad_clip']}",
         f"train.precision={a.precision}", f"train.threads={a.threads}", f"train.log_every={r['log_every']}",
         "train.report_to=none", f"train.seed={r['seed']}",
-        *([f"data.max_records={a.max_records}"] if a.max_records else []),
+        *([f"data.max_records={a.max_records}"] if a.max_records else []), *a.set,
     ]
     return load_text_config(None, overrides)
 
@@ -297,7 +297,23 @@ class _Phases:
         steps = len(step_times) - 1 - skip
         per_step = {name: sum(b - t for t, b in spans if t >= start and b <= end) / steps
                     for name, spans in self.spans.items()}
-        return {"s_per_step": per_step, "steps": steps, "padding_share_of_tokenize": self.padding_share()}
+        return {"s_per_step": per_step, "steps": steps, "padding_share_of_tokenize": self.padding_share(),
+                **self.padded_tokens()}
+
+    def padded_tokens(self) -> dict[str, float | None]:
+        """Share of the forward's token positions that are padding, on the recorded batches: padded to the batch's
+        longest, and in magclip's length groups (magclip.models.length_groups, its default group cost)."""
+        from magclip.models.length_groups import plan_groups
+
+        if not self.texts:
+            return {"padding_share_of_tokens": None, "padding_share_of_tokens_in_groups": None}
+        real = padded = grouped = 0
+        for texts, side in self.texts:
+            lengths = self.tokenize(texts, side)["attention_mask"].sum(1).tolist()
+            real += sum(lengths)
+            padded += len(lengths) * max(lengths)
+            grouped += sum(len(g) * max(lengths[i] for i in g) for g in plan_groups(lengths))
+        return {"padding_share_of_tokens": 1 - real / padded, "padding_share_of_tokens_in_groups": 1 - real / grouped}
 
     def padding_share(self) -> float | None:
         """Share of tokenize(..., padding=True) that the padding takes, on the recorded texts (min of 3 timings)."""
@@ -364,7 +380,7 @@ def _instrument_engine() -> _Phases:
 
 
 def part_profile(a) -> dict[str, Any]:
-    res = run_child(_child_cmd(a, "magclip", "--profile-child"), a.threads, timeout=3600, label="magclip profile")
+    res = run_child(_child_cmd(a, "magclip", "--profile-child", *(["--set", *a.set] if a.set else [])), a.threads, timeout=3600, label="magclip profile")
     prof = res["phases"]
     step = res["s_per_step"]
     rows = []
@@ -377,6 +393,11 @@ def part_profile(a) -> dict[str, Any]:
             pad = s * prof["padding_share_of_tokenize"]
             rows.append(["    of which padding (and the conversion to tensors)", f"{1000 * pad:.0f}",
                          f"{100 * pad / step:.1f} %"])
+    if prof.get("padding_share_of_tokens") is not None:
+        rows.append(["token positions the forward computes that are padding: as padded to the batch's longest",
+                     f"{100 * prof['padding_share_of_tokens']:.0f} %", ""])
+        rows.append(["  in magclip's length groups (models/length_groups.py)",
+                     f"{100 * prof['padding_share_of_tokens_in_groups']:.0f} %", ""])
     rows.append(["the rest (engine bookkeeping, zero_grad, schedule, logging)", f"{1000 * (step - top):.0f}",
                  f"{100 * (step - top) / step:.1f} %"])
     rows.append(["one step (optimizer-step clock)", f"{1000 * step:.0f}", "100 %"])
@@ -453,20 +474,28 @@ def _child_cmd(a, contender: str, *extra: str) -> list[str]:
             *(["--max-records", str(a.max_records)] if a.max_records else []), *extra]
 
 
+LEVERS_OFF = {"magclip, padded batches": ["model.length_groups=false"]}  # --levers: magclip with a lever off
+
+
 def part_speed(a) -> dict[str, Any]:
-    contenders = ["magclip", "sentence-transformers"] + (["floor"] if a.with_floor else [])
+    contenders = (["magclip", "sentence-transformers"] + (list(LEVERS_OFF) if a.levers else [])
+                  + (["floor"] if a.with_floor else []))
     runs: dict[str, list[dict]] = {c: [] for c in contenders}
     models: dict[str, Path] = {}
     for r in range(a.rounds):
         order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]  # rotated: each leads a round
         for c in order:
             extra: list[str] = []
-            if a.quality and r == 0 and c != "floor":
+            if a.quality and r == 0 and c in ("magclip", "sentence-transformers"):
                 models[c] = Path(a.quality_dir) / f"model_{c}"
                 extra = ["--keep-model", str(models[c])]
             if c == "floor" and a.flops:
                 extra.append("--flops")
-            res = run_child(_child_cmd(a, c, *extra), a.threads, timeout=3600, label=c)
+            if c in LEVERS_OFF:
+                cmd = _child_cmd(a, "magclip", *extra, "--set", *a.set, *LEVERS_OFF[c])
+            else:
+                cmd = _child_cmd(a, c, *extra, *(["--set", *a.set] if a.set and c == "magclip" else []))
+            res = run_child(cmd, a.threads, timeout=3600, label=c)
             runs[c].append(res)
             print(f"  round {r + 1}/{a.rounds} {c:>22}: {res['s_per_step']:.3f} s/step ({res['optimizer']}, "
                   f"{res['precision']})", flush=True)
@@ -503,6 +532,10 @@ def main() -> None:
     p.add_argument("--with-floor", action="store_true", help="also the in-memory floor (the bare model)")
     p.add_argument("--flops", action="store_true", help="the floor counts FLOPs per step (for an MFU)")
     p.add_argument("--profile", action="store_true", help="only the profile of a magclip step")
+    p.add_argument("--levers", action="store_true",
+                   help="also magclip with each speed lever off (%s)" % "; ".join(f"{k}: {' '.join(v)}" for k, v in LEVERS_OFF.items()))
+    p.add_argument("--set", nargs="*", default=[], help="overrides of magclip's run config (KEY=VALUE), e.g. "
+                   "model.length_groups=false")
     p.add_argument("--quality", action="store_true", help="also both final models on held-out sets, paired")
     p.add_argument("--max-docs", type=int, default=2000, help="--quality: BEIR corpora cut to judged + others up to N")
     p.add_argument("--max-queries", type=int, default=None, help="--quality: BEIR query subset (smoke checks)")

@@ -248,6 +248,8 @@ class TextModelConfig:
     passage_max_length: int | None = 256
     shared: bool = True                    # one tower for both sides; false copies it into two
     grad_checkpointing: bool = False
+    length_groups: bool = True             # run a batch's texts in groups of similar length: the same vectors, less
+                                           # padding (models/length_groups.py); off under fsdp
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # LoRA through peft (models/lora.py); r=0: off
 
 

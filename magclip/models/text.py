@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from magclip.config import POOLINGS
 from magclip.distributed import ONE_PROCESS, Share
@@ -60,6 +61,7 @@ from magclip.io import atomic_write_json, load_error
 from magclip.models.st_similarity import folder_scorer
 from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 from magclip.models import build
+from magclip.models.length_groups import GROUP_COST_TOKENS, encode_in_length_groups
 
 log = logging.getLogger("magclip.text")
 
@@ -192,6 +194,8 @@ class BiEncoder(nn.Module):
         self.passage_head = None if settings.shared else (
             passage_head if passage_head is not None else copy.deepcopy(self.query_head))
         self.encode_dtype: torch.dtype | None = None  # `encode`'s autocast dtype (bf16 encoding: --precision)
+        # a batch's texts run in groups of similar length (models/length_groups.py); None: the batch as padded
+        self.length_group_cost: int | None = GROUP_COST_TOKENS
         self.passage_model = passage_model  # None when shared
         for tower in (query_model, passage_model):
             # BERT-style poolers run in forward but never reach the loss: frozen, they cannot leave
@@ -350,8 +354,14 @@ class BiEncoder(nn.Module):
         model = self.tower(side)
         device = next(model.parameters()).device
         inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        hidden = model(**inputs).last_hidden_state
-        return self.head(side)(pool(hidden, inputs["attention_mask"], self.settings.pooling))
+
+        def pooled(part: dict[str, Tensor]) -> Tensor:
+            hidden = model(**part).last_hidden_state
+            return self.head(side)(pool(hidden, part["attention_mask"], self.settings.pooling))
+
+        if self.length_group_cost is None or _is_sharded(model):
+            return pooled(inputs)
+        return encode_in_length_groups(pooled, inputs, self.length_group_cost)
 
     def forward(self, query_batch: dict[str, Tensor], passage_batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         return self.encode_tokens(query_batch, "query"), self.encode_tokens(passage_batch, "passage")
@@ -478,6 +488,12 @@ class BiEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------- helpers
+def _is_sharded(model: nn.Module) -> bool:
+    """Whether the tower's weights are sharded (FSDP2 DTensors): every rank must run the same forwards."""
+    first = next(model.parameters(), None)
+    return isinstance(first, DTensor)
+
+
 def _side(side: str) -> str:
     if side in ("document", "doc", "docs", "passages", "corpus"):
         return "passage"

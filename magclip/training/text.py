@@ -70,6 +70,8 @@ def load_encoder(cfg: TextModelConfig, **hf_kwargs) -> BiEncoder:
     enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
                                     passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
                                     passage_max_length=cfg.passage_max_length, shared=cfg.shared, **hf_kwargs)
+    if not cfg.length_groups:
+        enc.length_group_cost = None
     if cfg.grad_checkpointing:
         for tower in {id(enc.query_model): enc.query_model, id(enc.tower("passage")): enc.tower("passage")}.values():
             if not hasattr(tower, "gradient_checkpointing_enable"):   # a StaticEmbedding table has no layers
