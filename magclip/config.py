@@ -113,6 +113,10 @@ class DataConfig:
     shuffle_buffer: int = 5000        # samples per loader worker, encoded (~23 KB each at 224-px JPEG): open_clip_train's
                                       # 5,000; measured against 1,000 in benchmarks/README.md (learning quality)
     workers: int = 2
+    cache: bool | str = "auto"        # keep decoded training samples in memory for the epochs after the first
+                                      # (data/decoded_cache.py): auto = when the run reads the shards more than once
+                                      # and they fit cache_max_mb; true; false. The same batches either way
+    cache_max_mb: int | None = None   # None: a tenth of the machine's memory / local processes, at most 4 GiB
     caption_key: str = "txt"          # where captions are: txt (KEY.txt, one caption a line) or json:FIELD (a KEY.json
                                       # field: a caption or a list); training draws one per sample and epoch
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -465,12 +469,20 @@ def validate(cfg: Any) -> None:
         _check_clip_loss(cfg.loss)
         _check_eval_precision(cfg.eval.precision)
         _check_captions(cfg)
+        _check_data_cache(cfg.data)
     elif isinstance(cfg, TextRunConfig):
         _check_text(cfg)
     else:
         return
     _check_train(cfg.train)
     _check_lora(cfg)
+
+
+def _check_data_cache(data: DataConfig) -> None:
+    if data.cache != "auto" and not isinstance(data.cache, bool):
+        raise ConfigError(f"data.cache={data.cache!r}; allowed: auto, true, false")
+    if data.cache_max_mb is not None and data.cache_max_mb < 0:
+        raise ConfigError(f"data.cache_max_mb={data.cache_max_mb} must be >= 0")
 
 
 def _check_captions(cfg: RunConfig) -> None:

@@ -5,7 +5,8 @@ One rank's pipeline, built from webdataset's own stages inside each loader worke
     shard list   all sources' shards; deterministic shuffle per (seed, epoch, pass), or weighted
                  resampling with replacement per (seed, epoch, pass, rank, worker)
     split        by rank (explicit rank/world, no process group needed), then wds.split_by_worker
-    read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards)
+    read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards), or the
+                 shard's samples already read and decoded (data/decoded_cache.py, later epochs)
     shuffle      wds.shuffle buffer over raw bytes (5,000 samples by default, as open_clip_train; the
                  first batch waits for a quarter of it), seeded per rank/worker/pass
     decode       validate, decode, preprocess; bad samples are skipped and counted by reason
@@ -59,6 +60,7 @@ from webdataset.tariterators import base_plus_ext, group_by_keys, url_opener
 from magclip import distributed
 from magclip.data import dotted_keys
 from magclip.data.captions import DEFAULT_CAPTION_KEY, TXT, CaptionKey, choose_caption
+from magclip.data.decoded_cache import DECODED, DecodedCache
 from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
@@ -410,7 +412,9 @@ def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels:
                        f"sample {sample.get('__key__')}.{stem}: {dotted_keys.CAUSE}")
         if folded and not any(e in sample for e in IMAGE_EXTS):
             continue  # every sample of the group is counted lost above, not as one without an image
-        good, reason, detail = check_sample(sample, max_pixels, caption_key=caption_key)
+        cached = sample.get(DECODED)  # the decoded-sample cache's (data/decoded_cache.py): a copy, never changed
+        good, reason, detail = ((dict(cached[0]) if cached[0] is not None else None, cached[1], cached[2])
+                                if cached is not None else check_sample(sample, max_pixels, caption_key=caption_key))
         if good is None:
             skips.skip(reason, sample.get("__url__"), sample.get("__key__"), detail)
             continue
@@ -484,6 +488,19 @@ def epoch_order(urls: list[str], shuffle: bool, seed: int, epoch: int, rep: int 
     return urls
 
 
+def _grouped_samples(sources: Iterable[dict[str, Any]], skips: _Skips,
+                     cache: DecodedCache | None) -> Iterator[dict[str, Any]]:
+    """Each shard's grouped samples: from the decoded-sample cache where it holds the shard, else read from the
+    tar (open, members, webdataset's grouping; damage counted in `skips`)."""
+    for source in sources:
+        cached = cache.shards.get(source["url"]) if cache is not None else None
+        if cached is not None:
+            yield from cached
+            continue
+        opened = url_opener([source], handler=skips.open_failed)
+        yield from group_by_keys(_tar_members(opened, skips), handler=skips.bad_member)
+
+
 class _RankStream(IterableDataset):
     """One rank's batches; iterated inside each DataLoader worker (or in-process for 0 workers)."""
 
@@ -491,8 +508,9 @@ class _RankStream(IterableDataset):
                  tokenizer: Callable, batch_size: int, num_batches: int | None, resampled: bool,
                  shuffle: bool, shuffle_buffer: int, seed: int, rank: int, world_size: int,
                  drop_last: bool, max_image_pixels: int, log_first: int, caption_key: CaptionKey,
-                 all_captions: bool):
+                 all_captions: bool, decoded_cache: DecodedCache | None = None):
         self.caption_key, self.all_captions = caption_key, all_captions
+        self.decoded_cache = decoded_cache
         self.urls, self.shard_weights = urls, shard_weights
         self.preprocess, self.tokenizer = preprocess, tokenizer
         self.batch_size, self.num_batches = batch_size, num_batches
@@ -512,9 +530,7 @@ class _RankStream(IterableDataset):
             stages = [wds.SimpleShardList(order),
                       partial(_split_by_rank, rank=self.rank, world_size=self.world_size),
                       wds.split_by_worker]
-        stages += [partial(url_opener, handler=skips.open_failed),
-                   partial(_tar_members, skips=skips),
-                   partial(group_by_keys, handler=skips.bad_member)]
+        stages.append(partial(_grouped_samples, skips=skips, cache=self.decoded_cache))
         if self.shuffle and self.shuffle_buffer > 1:
             rng = random.Random(_seed(self.seed, self.epoch, rep, self.rank, worker, "samples"))
             initial = min(self.shuffle_buffer, max(100, self.shuffle_buffer // 4))
@@ -549,6 +565,12 @@ class _RankStream(IterableDataset):
 
 
 # ----------------------------------------------------------------------------- the loader
+
+
+def _as_collated(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch as `_collate` made it: DataLoader's default (default_convert) would walk every key, caption and
+    KEY.json of every batch again to convert what is already converted (15 % of a cached batch's loading)."""
+    return batch
 
 
 class ShardLoader:
@@ -610,7 +632,7 @@ class ShardLoader:
             random.Random(_seed(self.seed, self.epoch, s.rank, "torch")).getrandbits(62))
         loader = DataLoader(s, batch_size=None, num_workers=self.workers, generator=gen,
                             pin_memory=torch.cuda.is_available(), persistent_workers=False,
-                            worker_init_fn=leave_signals_to_the_trainer)
+                            worker_init_fn=leave_signals_to_the_trainer, collate_fn=_as_collated)
         n = 0
         carry: Counter[str] = Counter()  # skips a worker reported after its last batch
         for item in loader:
@@ -675,6 +697,7 @@ def build_clip_loader(
     log_first: int = LOG_FIRST_SKIPS,
     caption_key: str | CaptionKey = TXT,
     all_captions: bool = False,
+    decoded_cache: DecodedCache | None = None,
 ) -> ShardLoader:
     """A loader over image-text shards for one rank.
 
@@ -696,6 +719,8 @@ def build_clip_loader(
     caption_key: where captions are read (magclip.data.captions: `txt`, one a line, or `json:FIELD`).
     all_captions: every caption of a sample in the batch (evaluation; `caption_counts` says how many per
         sample); else one caption per sample, drawn per (seed, epoch, key) where a sample has several.
+    decoded_cache: shards already read and decoded (magclip.data.decoded_cache.fill): the same batches, without
+        reading or decoding those shards again.
 
     Deterministic given (seed, epoch, rank) for the sample order; with workers > 0, random
     augmentations in `preprocess` are seeded too, with 0 workers they use the global torch RNG.
@@ -745,7 +770,7 @@ def build_clip_loader(
                          shuffle_buffer=shuffle_buffer, seed=seed, rank=rank, world_size=world_size,
                          drop_last=drop_last, max_image_pixels=max_image_pixels, log_first=log_first,
                          caption_key=CaptionKey(caption_key) if isinstance(caption_key, str) else caption_key,
-                         all_captions=all_captions)
+                         all_captions=all_captions, decoded_cache=decoded_cache)
     loader = ShardLoader(stream, workers=workers, num_samples=known, epoch=epoch, shard_sizes=sizes,
                          seed=seed)
     if num_batches is None and world_size > 1:

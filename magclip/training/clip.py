@@ -18,7 +18,11 @@ import torch
 
 from magclip.config import LossConfig, RunConfig, to_dict
 from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_retrieval_set
-from magclip.data.shards import build_clip_loader, count_samples
+from magclip.data.captions import CaptionKey
+from magclip.data.decoded_cache import DecodedCache, cache_wanted, default_budget_mb
+from magclip.data.decoded_cache import fill as fill_decoded_cache
+from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, build_clip_loader, count_samples
+from magclip.data.urls import expand_sources
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
 from magclip.evaluation.clip import evaluate_retrieval
@@ -159,6 +163,26 @@ def train_clip(cfg: RunConfig) -> dict[str, Any]:
         return _train_clip(cfg, t0, stop)
 
 
+def decoded_training_cache(cfg: RunConfig, train_urls: str, steps_per_epoch: int) -> tuple[DecodedCache | None, str]:
+    """The decoded-sample cache by data.cache's rule (data/decoded_cache.py), and a line saying what was chosen.
+    The passes over the data are known when an epoch is one pass (data.num_samples unset)."""
+    passes = None
+    if cfg.data.num_samples is None:
+        steps = steps_per_epoch * cfg.train.epochs
+        steps = min(steps, cfg.train.max_steps) if cfg.train.max_steps is not None else steps
+        passes = steps / max(1, steps_per_epoch)
+    wanted, why = cache_wanted(cfg.data.cache, passes, cfg.data.resampled)
+    if not wanted:
+        return None, f"off ({why})"
+    budget = cfg.data.cache_max_mb if cfg.data.cache_max_mb is not None else default_budget_mb()
+    urls = [u for source in expand_sources(train_urls) for u in source]
+    cache = fill_decoded_cache(urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey(cfg.data.caption_key),
+                               budget_mb=budget)
+    if cache is None:
+        return None, f"off (the decoded set passes data.cache_max_mb={budget})"
+    return cache, f"on ({why}; {cache.samples} samples, {cache.nbytes / 2**20:.0f} MiB, filled in {cache.seconds:.1f} s)"
+
+
 def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     use_threads(cfg.train.threads, cfg.data.workers)
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
@@ -188,15 +212,18 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     # images cross the worker boundary (and are pinned, and copied to the device) as uint8; RawCLIP normalises
     train_transform = uint8_transform(bundle.preprocess_train) or bundle.preprocess_train
 
+    decoded = None  # the decoded-sample cache, filled below once the run's length is known
+
     def make_loader(epoch: int):
         return build_clip_loader(train_urls, preprocess=train_transform, tokenizer=bundle.tokenizer,
                                  batch_size=cfg.train.batch_size, num_samples=num_samples, weights=cfg.data.train_weights,
                                  resampled=cfg.data.resampled, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer,
                                  workers=cfg.data.workers, seed=cfg.train.seed, epoch=epoch,
                                  rank=accelerator.process_index, world_size=accelerator.num_processes,
-                                 caption_key=cfg.data.caption_key)
+                                 caption_key=cfg.data.caption_key, decoded_cache=decoded)
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
+    decoded, cache_note = decoded_training_cache(cfg, train_urls, steps_per_epoch)
     if scale_from_norms(cfg) and cfg.train.resume is None:
         _match_cosine_temperature(module, make_loader(0), cosine_scale_for(cfg.loss.type))
 
@@ -251,6 +278,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     write_run_config(cfg, run_dir, accelerator)
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
                     run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
+    engine.levers["decoded_cache"] = cache_note
+    log.info("decoded-sample cache: %s", cache_note)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

@@ -11,7 +11,7 @@ import torch
 
 from magclip.models.length_groups import encode_in_length_groups, plan_groups, right_padded_lengths
 from magclip.models.text import BiEncoder
-from tests.builders import WORDS, make_tiny_bert, make_tiny_decoder
+from builders import WORDS, make_tiny_bert, make_tiny_decoder
 
 
 def _cost(lengths: list[int], groups: list[list[int]], group_cost: int) -> int:
