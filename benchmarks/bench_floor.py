@@ -23,7 +23,8 @@ all timed by the same optimizer-step clock, _common.StepClock: samples/s between
 | engine step | `Engine._train_step` (magclip/training/engine.py) on the same batches as the loader gives them (uint8 images, normalized on the device), the main job's TrainConfig: + magclip's Scorer loss and logit scale, the BatchNorm buffer snapshot, the non-finite check, the scale projection |
 | main job, batches in memory | `train/clip.py` with its defaults, its loader replaced by the same K batches (`_run_magclip._use_cached_batches`): + the loop around the step (logging every 10 steps, tqdm, the settling host syncs, epochs) |
 | main job | `train/clip.py` with its defaults (`magclip.cli.train_clip.main`), the real loader with its 2 workers |
-| loader, W workers | the main job's shard pipeline alone (`bench_loader.py`'s child, the trainer's uint8 transform and shuffle buffer), drained; with 0 workers the time inside the collation (stack + tokenizer) is measured too |
+| main job, data.cache=false | the same with the decoded-sample cache off (every epoch reads and decodes the shards): the lever's share |
+| loader, W workers | the main job's shard pipeline alone (`bench_loader.py`'s child, the trainer's uint8 transform and shuffle buffer), drained; with 0 workers the time inside the collation (stack + tokenizer) is measured too; ", decoded cache": reading from the trainer's decoded-sample cache (filled before the clock), as the main job's epochs after the first do |
 
 The ratio main job / floor is the issue's figure (target >= 0.9). The breakdown turns the rows into
 ms per step: (engine step - floor) is the step's own extra work, (in memory - engine step) the loop's,
@@ -62,6 +63,7 @@ from _common import (
 )
 
 HERE = Path(__file__).resolve().parent
+CACHE_OFF = "main job, data.cache=false"  # the lever off: every epoch reads and decodes the shards
 CACHED_BATCHES = 8  # as bench_loader.py's consumption row: enough distinct batches that no cache stays warm
 
 
@@ -203,7 +205,8 @@ def plan(a, steps: int) -> dict[str, list[str]]:
     common = ["--steps", str(steps), "--skip", str(a.skip), "--batch-size", str(a.batch_size),
               "--threads", str(a.threads), "--model", a.model]
     rows = {"floor": [*me, "--child", "floor", *common],
-            "main job": [*me, "--child", "mainjob", *common]}
+            "main job": [*me, "--child", "mainjob", *common],
+            CACHE_OFF: [*me, "--child", "mainjob", *common, "--extra", "data.cache=false"]}
     if a.part == "ratio":
         return rows
     rows["engine step"] = [*me, "--child", "engine_step", *common]
@@ -211,12 +214,13 @@ def plan(a, steps: int) -> dict[str, list[str]]:
     cfg = main_job_config([])
     urls, n = synthetic_urls(cfg.data.synthetic.num_train)
     loader_n = min(n, max(6, steps + a.skip + 2) * a.batch_size)
-    for w in a.loader_workers:
-        rows[f"loader, {w} workers"] = [
-            sys.executable, str(HERE / "bench_loader.py"), "--child", "--data", urls, "--model", a.model,
-            "--batch-size", str(a.batch_size), "--threads", str(a.threads), "--num-samples", str(loader_n),
-            "--skip", str(min(a.skip, 3)), "--workers", str(w), "--shuffle-buffer", str(cfg.data.shuffle_buffer),
-            "--trainer-transform", *(["--time-collate"] if w == 0 else [])]
+    for cached in (False, True):
+        for w in a.loader_workers:
+            rows[f"loader, {w} workers" + (", decoded cache" if cached else "")] = [
+                sys.executable, str(HERE / "bench_loader.py"), "--child", "--data", urls, "--model", a.model,
+                "--batch-size", str(a.batch_size), "--threads", str(a.threads), "--num-samples", str(loader_n),
+                "--skip", str(min(a.skip, 3)), "--workers", str(w), "--shuffle-buffer", str(cfg.data.shuffle_buffer),
+                "--trainer-transform", *(["--time-collate"] if w == 0 else []), *(["--decoded-cache"] if cached else [])]
     return rows
 
 
@@ -228,7 +232,8 @@ def breakdown(summary: dict[str, dict[str, Any]], batch: int) -> list[list[Any]]
                "floor", "engine step"),
               ("the loop around it (logging every 10 steps, tqdm, host syncs, epochs)", "engine step",
                "main job, batches in memory"),
-              ("the loader feeding it (workers sharing the cores)", "main job, batches in memory", "main job")]
+              ("the loader feeding it (workers sharing the cores)", "main job, batches in memory", "main job"),
+              ("the decoded-sample cache (main job - main job with data.cache=false)", CACHE_OFF, "main job")]
     for what, before, after in stages:
         if before in ms and after in ms:
             d = ms[after] - ms[before]

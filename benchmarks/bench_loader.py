@@ -59,9 +59,10 @@ def child_loader(a) -> None:
 
         preprocess = (uint8_transform(bundle.preprocess_train) or bundle.preprocess_train if a.trainer_transform
                       else bundle.preprocess_train)
+        cache = _decoded_cache(a.data) if a.decoded_cache else None  # filled before the clock: the later epochs' loader
         loader = build_clip_loader(a.data, preprocess=preprocess, tokenizer=bundle.tokenizer,
                                    batch_size=a.batch_size, num_samples=a.num_samples, shuffle=True, workers=a.workers,
-                                   seed=0, shuffle_buffer=a.shuffle_buffer[0])
+                                   seed=0, shuffle_buffer=a.shuffle_buffer[0], decoded_cache=cache)
     else:
         from types import SimpleNamespace
 
@@ -85,6 +86,18 @@ def child_loader(a) -> None:
     wj(a.out, {"impl": a.impl, "workers": a.workers, "batches": len(times), "samples": n, "samples_per_s": rate,
                "first_batch_s": times[0] - t_start, "drain_s": times[-1] - t_start,
                "collate_s": collate_s[0] if collate_s else None, "threads": torch.get_num_threads(), **peak_rss_mb()})
+
+
+def _decoded_cache(urls: str):
+    """The trainer's decoded-sample cache of these shards (magclip.data.decoded_cache), as data.cache fills it."""
+    from magclip.data import decoded_cache
+    from magclip.data.captions import CaptionKey
+    from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS
+    from magclip.data.urls import expand_sources
+
+    flat = [u for source in expand_sources(urls) for u in source]
+    return decoded_cache.fill(flat, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey("txt"),
+                              budget_mb=decoded_cache.default_budget_mb())
 
 
 def _time_collation() -> list[float]:
@@ -130,6 +143,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--trainer-transform", action="store_true", help=argparse.SUPPRESS)  # uint8, as train_clip
     p.add_argument("--time-collate", action="store_true", help=argparse.SUPPRESS)  # 0 workers: time in _collate
+    p.add_argument("--decoded-cache", action="store_true", help=argparse.SUPPRESS)  # read from the trainer's cache
     p.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:

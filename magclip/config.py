@@ -47,6 +47,7 @@ RESUMABLE_KEYS = (
     "train.max_nonfinite_steps", "data.workers", "eval.batch_size", "train.optimizer_impl", "train.channels_last",
     "train.compile", "train.compile_mode", "train.report_to", "train.save_on_signal", "train.time_limit",
     "loss.logit_scale_from_norms", "eval.start_cache", "loss.dist_impl", "train.sharding", "train.save_full_model",
+    "data.cache", "data.cache_max_mb", "model.length_groups",
 )
 RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finished run's length is its experiment
 RESUME_CAVEATS = {
@@ -58,6 +59,7 @@ RESUME_CAVEATS = {
     "loss.logit_scale_from_norms": "a starting point only: the resumed run keeps its checkpoint's scale",
     "loss.dist_impl": "a memory lever: the same loss and gradients, summed in another order",
     "train.sharding": "a memory lever: the same training, its gradient reductions summed in another order",
+    "model.length_groups": "a speed lever: the same batches, their forwards cut differently (other dropout draws, other rounding)",
 }
 # where a sample's captions are (magclip.data.captions) and which retrieved item is a hit (magclip.metrics.relevance)
 CAPTION_KEY = re.compile(r"^(txt|json:[^.\s]+(\.[^.\s]+)*)$")
