@@ -189,9 +189,9 @@ def main_job_child(a) -> None:
     clock = StepClock()
     main(overrides)
     clock.close()
-    levers = json.loads((Path(a.workdir) / "mainjob" / "results.json").read_text()).get("speed_levers")
+    results = json.loads((Path(a.workdir) / "mainjob" / "results.json").read_text())
     write_json(a.out, {"row": "main job" + (", batches in memory" if a.cached else ""), "overrides": overrides,
-                       "levers": levers,
+                       "levers": results.get("speed_levers"), "wall_time_s": results.get("wall_time_s"),
                        "batch_size": a.batch_size, "threads": torch.get_num_threads(),
                        **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb()})
 

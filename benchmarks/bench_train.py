@@ -2,6 +2,7 @@
 
     bash benchmarks/setup_open_clip_train_env.sh          # once: open_clip_train's own env (pandas, webdataset<=0.2.86)
     python benchmarks/bench_train.py --part ab            # magclip vs open_clip_train, A B A B ...
+    python benchmarks/bench_train.py --part ab --magclip-precision auto   # each at its default precision
     python benchmarks/bench_train.py --part modes         # cosine vs qnorm/dnorm/learnable/asymmetric, rotated
     python benchmarks/bench_train.py --part modes --cached-batches 8 --workers 0   # the same, batches in memory
     python benchmarks/bench_train.py --part ddp           # 1 process vs torchrun --nproc_per_node 2 (gloo)
@@ -64,8 +65,9 @@ def common_args(a, urls: str, n: int) -> list[str]:
 
 def magclip_cmd(a, urls, n, i2t="cosine", t2i="cosine", workers=None) -> list[str]:
     cached = ["--cached-batches", str(a.cached_batches)] if a.cached_batches else []
+    own = ["--precision", a.magclip_precision] if a.magclip_precision else []  # the last --precision wins
     return [sys.executable, str(HERE / "_run_magclip.py"), *common_args(a, urls, n),
-            "--workers", str(a.workers if workers is None else workers), "--i2t", i2t, "--t2i", t2i, *cached]
+            "--workers", str(a.workers if workers is None else workers), "--i2t", i2t, "--t2i", t2i, *cached, *own]
 
 
 def open_clip_cmd(a, urls, n) -> list[str]:
@@ -210,6 +212,8 @@ def main() -> None:
     p.add_argument("--ddp-workers", type=int, default=1, help="loader workers per process with 2 processes")
     p.add_argument("--threads", type=int, default=1, help="torch + OpenMP threads of each contender")
     p.add_argument("--precision", default="fp32")
+    p.add_argument("--magclip-precision", default=None,
+                   help="magclip's own precision (e.g. auto: both trainers at their defaults, open_clip_train fp32)")
     p.add_argument("--num-samples", type=int, default=None, help="epoch length; default: all training samples")
     p.add_argument("--skip", type=int, default=5, help="steps excluded as warm-up")
     p.add_argument("--measure", type=int, default=40, help="steps in the timed window")
