@@ -295,6 +295,8 @@ def main() -> None:
         summary[k] = {"samples_per_s_median": rate, "samples_per_s_runs": [round(x["samples_per_s"], 1) for x in v],
                       "ms_per_step": 1000 * a.batch_size / rate,
                       "peak_tree_pss_mb": max(x["peak_tree_pss_mb"] for x in v)}
+        walls = [x["wall_time_s"] for x in v if x.get("wall_time_s") is not None]
+        summary[k]["run_wall_time_s_median"] = median(walls) if walls else None  # results.json: start to end
         collate = [x["collate_s"] / x["batches"] for x in v if x.get("collate_s") is not None]
         summary[k]["collate_ms_per_batch"] = 1000 * median(collate) if collate else None
     floor = summary["floor"]["samples_per_s_median"]
