@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import FSDPModule
 
 from magclip.config import POOLINGS
 from magclip.distributed import ONE_PROCESS, Share
@@ -489,9 +489,9 @@ class BiEncoder(nn.Module):
 
 # ---------------------------------------------------------------------- helpers
 def _is_sharded(model: nn.Module) -> bool:
-    """Whether the tower's weights are sharded (FSDP2 DTensors): every rank must run the same forwards."""
-    first = next(model.parameters(), None)
-    return isinstance(first, DTensor)
+    """Whether FSDP2 shards the tower (fully_shard makes its units FSDPModules): every rank must then run the
+    same forwards. Not read from the parameters: inside a forward they are the gathered, unsharded tensors."""
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def _side(side: str) -> str:

@@ -91,3 +91,28 @@ def test_rows_come_back_in_input_order_from_several_groups() -> None:
     out = encode_in_length_groups(encode, {"input_ids": ids, "attention_mask": mask}, group_cost=0)
     assert out.squeeze(1).tolist() == [0.0, 1.0, 2.0, 3.0]
     assert sorted(widths) == [1, 3, 4]
+
+
+def test_a_tower_sharded_with_fsdp_runs_whole(tmp_path) -> None:
+    """Every rank must run the same forwards (each gathers the weights): under FSDP2 no groups, whatever the lengths
+    (inside a forward the parameters are the gathered plain tensors, so the check cannot read them)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = BiEncoder.from_pretrained(make_tiny_bert(tmp_path / "bert"))
+        for layer in model.query_model.encoder.layer:
+            fully_shard(layer)
+        fully_shard(model)
+        calls = []
+        model.query_model.register_forward_hook(lambda *_: calls.append(1))
+        batch = model.tokenize(_texts(12), "passage")
+        assert len(plan_groups(batch["attention_mask"].sum(1).tolist(), 4)) > 2
+        model.length_group_cost = 4
+        model(batch, batch)  # the root's forward: FSDP gathers the weights there
+        assert calls == [1, 1]
+    finally:
+        dist.destroy_process_group()
