@@ -2,6 +2,7 @@
 
     python benchmarks/bench_floor.py                          # ratio + breakdown, 3 rounds: results/floor.json
     python benchmarks/bench_floor.py --part ratio --rounds 5  # floor vs main job only (A B A B ...)
+    python benchmarks/bench_floor.py --part ratio --also 'data.workers=1'   # + the main job with other settings
     python benchmarks/bench_floor.py --steps 3 --skip 1 --rounds 1 --out /tmp/floor_smoke.json   # smoke check
 
 The floor: the main job's model (configs/clip/default.yaml: tiny-resnet), batch (128), precision
@@ -207,6 +208,8 @@ def plan(a, steps: int) -> dict[str, list[str]]:
     rows = {"floor": [*me, "--child", "floor", *common],
             "main job": [*me, "--child", "mainjob", *common],
             CACHE_OFF: [*me, "--child", "mainjob", *common, "--extra", "data.cache=false"]}
+    for overrides in a.also:  # more main-job rows, each with its overrides (space-separated)
+        rows[f"main job, {overrides}"] = [*me, "--child", "mainjob", *common, "--extra", *overrides.split()]
     if a.part == "ratio":
         return rows
     rows["engine step"] = [*me, "--child", "engine_step", *common]
@@ -264,6 +267,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", default=None, help="default: the main job's (tiny-resnet)")
     p.add_argument("--loader-workers", type=int, nargs="*", default=[0, 1, 2])
+    p.add_argument("--also", nargs="*", default=[],
+                   help="more main-job rows, each a string of overrides, e.g. 'data.workers=1' 'train.threads=2'")
     p.add_argument("--out", default=None)
     # child mode
     p.add_argument("--child", choices=("floor", "engine_step", "mainjob"), help=argparse.SUPPRESS)
