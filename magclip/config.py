@@ -170,7 +170,8 @@ class TrainConfig:
                                       # fp32 / bf16 / fp16 as asked. Evaluations keep eval.precision
     optimizer_impl: str = "auto"      # AdamW kernel: auto (fused where torch has it) / fused / foreach / for_loop
     channels_last: bool = True        # conv towers in channels_last memory (ignored, with a log line, without convs)
-    compile: bool = False             # torch.compile the towers (a cold compile costs minutes on a CPU)
+    compile: bool | str = "auto"      # torch.compile the towers; auto: runs of >= 1000 steps with batches of one shape,
+                                      # unsharded, without LoRA (training/levers.py compile_choice); true; false
     compile_mode: str = "default"
     accum_freq: int = 1               # micro-batches per step; negatives span all of them (feature cache)
     sharding: str = "ddp"             # ddp: a full replica per process; fsdp: parameters, gradients and optimizer state
@@ -556,11 +557,13 @@ def _check_train(train: TrainConfig) -> None:
         if train.precision == "fp16":
             raise ConfigError("train.sharding=fsdp with train.precision=fp16: fp16 needs a loss scaler that sharded "
                               "gradients do not have here; use bf16 (or fp32)")
-        if train.compile:
+        if train.compile is True:
             raise ConfigError("train.sharding=fsdp with train.compile=true: compiling sharded towers is not supported "
                               "yet; use train.compile=false")
     if train.optimizer_impl not in OPTIMIZER_IMPLS:
         raise ConfigError(f"train.optimizer_impl={train.optimizer_impl!r}; allowed: {', '.join(OPTIMIZER_IMPLS)}")
+    if train.compile != "auto" and not isinstance(train.compile, bool):
+        raise ConfigError(f"train.compile={train.compile!r}; allowed: auto, true, false")
     if train.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode={train.compile_mode!r}; allowed: {', '.join(COMPILE_MODES)}")
     try:

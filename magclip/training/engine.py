@@ -56,7 +56,7 @@ from magclip.training.checkpoints import (
     set_rng_state,
     tidy_interrupted_writes,
 )
-from magclip.training.levers import compile_module, optimizer_kwargs, resolve_precision, use_channels_last
+from magclip.training.levers import compile_choice, compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.metrics_log import MetricsLog, ResumePoint
 from magclip.training.preemption import StopGuard, state_bytes
 from magclip.training.sharding import (
@@ -83,6 +83,7 @@ class TrainModule(nn.Module):
 
     feature_names: tuple[str, ...] = ()
     channels_last = False  # set by the engine: images go in channels_last memory (`train.channels_last`)
+    compile_blocker: str | None = None  # why `train.compile: auto` must not compile this module's towers (levers.py)
 
     def __init__(self, loss: nn.Module, logit_scale: nn.Module, logit_bias: nn.Module | None = None):
         super().__init__()
@@ -253,8 +254,9 @@ class Engine:
         levers["channels_last"] = ("on" if module.channels_last else "off, as configured" if not cfg.channels_last
                                    else "off (train.sharding=fsdp shards contiguous weights)" if sharded
                                    else "off (no convolutions)")
-        compiled = compile_module(towers, cfg.compile, cfg.compile_mode)
-        levers["compile"] = f"on (mode {cfg.compile_mode})" if compiled else "off"
+        wanted, why = compile_choice(cfg.compile, self.total_steps, module.compile_blocker, sharded)
+        compiled = compile_module(towers, wanted, cfg.compile_mode)
+        levers["compile"] = f"on (mode {cfg.compile_mode}; {why})" if compiled else f"off ({why})"
         return levers
 
     # ---------------------------------------------------------------- loop

@@ -5,7 +5,7 @@
 | `optimizer_impl` | AdamW's kernel: fused (one kernel over all parameters), foreach, for_loop | `auto` = fused where torch has it (CPU and CUDA floats): 1.34x the train step on an AVX2 CPU |
 | `channels_last` | conv towers (ResNets) and their images in channels_last memory | on: 1.14x on the same CPU; a tower without convolutions ignores it (logged) |
 | `precision` | fp32, bf16 / fp16 autocast through accelerate, `auto` | fp32: bf16 only pays where the device computes it natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX); elsewhere it is emulated, 12x slower on an AVX2 CPU. `auto` picks it by that rule, and says so |
-| `compile` | torch.compile of the towers (`compile_mode`) | off: a cold compile costs minutes on a CPU |
+| `compile` | torch.compile of the towers (`compile_mode`) | `auto` = on for a run of at least COMPILE_AUTO_MIN_STEPS steps whose batches keep one shape, unsharded, without LoRA (`compile_choice`): a cold compile costs minutes on a CPU and paid for itself after ~840 steps of the tiny ResNet |
 
 Scores and the softmax stay in float32 under any autocast (magclip.similarity). A compiled tower keeps
 its parameter names (`nn.Module.compile` compiles in place), so checkpoints load in plain open_clip.
@@ -79,6 +79,24 @@ def use_channels_last(module: nn.Module, wanted: bool) -> bool:
         return False
     module.to(memory_format=torch.channels_last)
     return True
+
+
+COMPILE_AUTO_MIN_STEPS = 1000  # a cold CPU compile of the tiny ResNet paid for itself after ~840 steps (benchmarks/README.md)
+
+
+def compile_choice(setting: bool | str, steps: int, blocker: str | None, sharded: bool) -> tuple[bool, str]:
+    """(compile the towers?, why) for `train.compile` (auto, True, False). `auto` compiles only where it pays: a
+    run long enough to repay a cold compile, batches of one shape (`blocker` names what recompiles or is untested,
+    e.g. text batches that change length every step), towers not sharded (compiling FSDP units is not supported)."""
+    if setting is True or setting is False:
+        return setting, "train.compile=" + str(setting).lower()
+    if sharded:
+        return False, "auto: train.sharding=fsdp"
+    if blocker is not None:
+        return False, f"auto: {blocker}"
+    if steps < COMPILE_AUTO_MIN_STEPS:
+        return False, f"auto: {steps} steps, fewer than the {COMPILE_AUTO_MIN_STEPS} a cold compile needs to pay"
+    return True, f"auto: {steps} steps, at least {COMPILE_AUTO_MIN_STEPS}"
 
 
 def compile_module(module: nn.Module, wanted: bool, mode: str) -> bool:

@@ -85,6 +85,7 @@ class TextTrainModule(TrainModule):
     """Bi-encoder + logit scale + RetrievalLoss; forward encodes a batch, `compute_loss` scores it."""
 
     feature_names = ("query", "passage")
+    compile_blocker = "text batches change shape every step (a compile would recompile)"
 
     def __init__(self, encoder: BiEncoder, loss: RetrievalLoss, logit_scale: LogitScale):
         super().__init__(loss, logit_scale)

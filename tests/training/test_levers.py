@@ -60,7 +60,7 @@ def test_auto_is_fused_and_levers_are_logged_once(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="magclip.training.engine"):
         engine, _ = train(tmp_path, "auto", batches(1))
     assert engine.levers["optimizer"] == "auto: fused AdamW"
-    assert engine.levers["channels_last"] == "on" and engine.levers["compile"] == "off"
+    assert engine.levers["channels_last"] == "on" and engine.levers["compile"].startswith("off (auto: ")
     assert caplog.text.count("speed levers:") == 1
 
 
@@ -96,7 +96,7 @@ def test_a_compiled_tower_trains_like_eager_and_keeps_plain_keys(tmp_path, monke
     data = batches(2)
     compiled, w_compiled = train(tmp_path, "compiled", data, compile=True, optimizer_impl="for_loop")
     _, w_eager = train(tmp_path, "eager", data, optimizer_impl="for_loop")
-    assert compiled.levers["compile"] == "on (mode default)"
+    assert compiled.levers["compile"] == "on (mode default; train.compile=true)"
     assert not any("_orig_mod" in k for k in w_compiled)
     saved = torch.load(tmp_path / "compiled" / "checkpoints" / "step_00000002" / "m.pt", weights_only=True)
     assert saved.keys() == w_eager.keys()
@@ -165,3 +165,19 @@ def test_a_second_run_in_one_process_may_change_the_precision(tmp_path):
     first = make_accelerator(TrainConfig(precision="bf16"), tmp_path / "a")
     assert first.mixed_precision == "bf16"
     assert make_accelerator(TrainConfig(precision="fp32"), tmp_path / "b").mixed_precision == "no"
+
+
+@pytest.mark.parametrize("setting, steps, blocker, sharded, wanted", [
+    ("auto", 5000, None, False, True), ("auto", 999, None, False, False), ("auto", 5000, "text", False, False),
+    ("auto", 5000, None, True, False), (True, 10, "text", False, True), (False, 5000, None, False, False)])
+def test_compile_auto_compiles_only_long_runs_of_one_shape(setting, steps, blocker, sharded, wanted):
+    from magclip.training.levers import compile_choice
+
+    assert compile_choice(setting, steps, blocker, sharded)[0] is wanted
+
+
+def test_the_text_task_and_lora_keep_compile_auto_off():
+    from magclip.training.clip import CLIPTrainModule
+    from magclip.training.text import TextTrainModule
+
+    assert TextTrainModule.compile_blocker and CLIPTrainModule.compile_blocker is None
