@@ -117,9 +117,9 @@ def as_command(main: Callable[[], object]) -> Callable[[], None]:
             sys.argv.remove(DEBUG_FLAG)
         try:
             main()
-        except Exception as exn:
-            if _stopped(exn):
-                return
+        except BaseException as exn:  # a stop (training/preemption.py) is a BaseException, as KeyboardInterrupt is
+            if _stopped(exn) or not isinstance(exn, Exception):  # _stopped exits 75 where exn is or wraps a stop
+                raise
             code = _expected(exn)
             if code is None or debug:
                 raise

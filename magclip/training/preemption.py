@@ -56,8 +56,13 @@ CHECKPOINT_BYTES_PER_S = 100e6    # the write rate assumed for a checkpoint not 
 SLURM_END = "SLURM_JOB_END_TIME"  # epoch seconds at which SLURM ends the job
 
 
-class TrainingStopped(Exception):
-    """The run stopped on a signal or its time limit; `checkpoint` (None outside the loop) holds its state."""
+class TrainingStopped(BaseException):
+    """The run stopped on a signal or its time limit; `checkpoint` (None outside the loop) holds its state.
+
+    A BaseException, as KeyboardInterrupt is, for the same reason: outside the loop the signal handler raises it
+    wherever the interpreter is, and code that catches `Exception` there (a reader that counts a damaged tar and goes
+    on, a library's fallback) would take it for its own error: the stop vanished, and the run went on with what that
+    code made of it (an epoch counted short: a resume that ended as finished, a step saved with the wrong length)."""
 
     def __init__(self, reason: str, step: int | None = None, checkpoint: str | None = None):
         self.reason, self.step, self.checkpoint = reason, step, checkpoint

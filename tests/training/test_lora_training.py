@@ -130,8 +130,9 @@ def test_lora_under_fsdp_on_two_processes(tmp_path):
     ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules", False),  # checked on the towers
 ])
 def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, override, message, before_run_folder):
+    small = [f"data.synthetic.root={tmp_path / 'synthetic'}", "data.synthetic.num_train=64", "data.synthetic.num_val=32"]
     proc = subprocess.run([sys.executable, str(ROOT / "train" / "clip.py"), "model.lora.r=4", override,
-                           f"output_dir={tmp_path}"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           f"output_dir={tmp_path}", *small], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

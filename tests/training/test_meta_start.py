@@ -2,8 +2,9 @@
 built on the meta device, sharded with FSDP2 and filled shard by shard from open_clip checkpoints (.safetensors and
 .pt), a Hugging Face folder whose safetensors are a sharded set with its index (a BERT and a decoder), and a
 sentence-transformers folder with a Dense head (built eagerly beside the meta-built transformer), equal today's
-eager load bit for bit at 2 and 4 gloo processes: every rank's shards and the consolidated state. The whole-file
-loaders fail if called during the meta build, and each rank holds only its share of the parameters."""
+eager load bit for bit at 2 gloo processes (and at 4 where a tensor splits unevenly there): every rank's shards and
+the consolidated state. The whole-file loaders fail if called during the meta build, and each rank holds only its
+share of the parameters."""
 
 from __future__ import annotations
 
@@ -78,6 +79,13 @@ def lora_cases(cases) -> dict[str, dict]:
     }
 
 
+@pytest.fixture(scope="module")
+def at_two(cases, lora_cases, tmp_path_factory) -> list[dict]:
+    """Every case, plain and LoRA, in one 2-process launch: the processes' start (torchrun, gloo, the imports) is
+    paid once; each test reads its own cases of every rank's record."""
+    return launch(2, tmp_path_factory.mktemp("meta_start_at_two"), {**cases, **lora_cases})
+
+
 def launch(nproc: int, out: Path, cases: dict) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps(cases))
@@ -91,13 +99,15 @@ def launch(nproc: int, out: Path, cases: dict) -> list[dict]:
     return found
 
 
-AT_4 = ("clip_safetensors", "decoder_sharded_two_towers")   # every format at 2 processes; at 4 the suite's budget
+# every format at 2 processes; at 4 the one case whose shards are uneven there (tiny-vit's positional embedding: 17
+# rows, 5 + 4 + 4 + 4): every tensor of the decoder and the BERT splits evenly at 2 and 4 alike (the suite's budget)
+AT_4 = ("clip_safetensors",)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_the_meta_start_equals_the_eager_load(cases, tmp_path, nproc):
+def test_the_meta_start_equals_the_eager_load(cases, tmp_path, nproc, request):
     cases = cases if nproc == 2 else {name: cases[name] for name in AT_4}
-    by_rank = launch(nproc, tmp_path, cases)
+    by_rank = request.getfixturevalue("at_two") if nproc == 2 else launch(nproc, tmp_path, cases)
     for name in cases:
         ranks = [r["cases"][name] for r in by_rank]
         assert all(r["mismatches"] == [] for r in ranks), (name, [r["mismatches"][:5] for r in ranks])
@@ -126,12 +136,12 @@ def test_a_file_the_loader_converts_is_built_eagerly(tmp_path):
     assert not build.loaded_on_meta(encoder) and not any(p.is_meta for p in encoder.parameters())
 
 
-def test_a_lora_start_on_the_meta_device_equals_the_eager_one(lora_cases, tmp_path):
+def test_a_lora_start_on_the_meta_device_equals_the_eager_one(lora_cases, at_two):
     """peft wraps the towers on the meta device: every rank's base shards equal an eager LoRA start's (bf16 where the
     base is held in bf16), read with the whole-file loaders failing; the adapters are drawn alike on every rank (A as
     peft draws it, B zero: the model's output is the base's); the probe that every adapted module is called ran on
     the sharded model."""
-    by_rank = launch(2, tmp_path, lora_cases)
+    by_rank = at_two
     for name, case in lora_cases.items():
         ranks = [r["cases"][name] for r in by_rank]
         assert all(r["mismatches"] == [] for r in ranks), (name, [r["mismatches"][:5] for r in ranks])

@@ -19,15 +19,20 @@ from test_preemption import SCRIPT, STOPPED, assert_loadable, env, latest, train
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# 8 steps each, 192 in all: ~25 s of ~0.125 s steps after a start of ~5 s, well past the time limit's stop (~15 s
+# after the start) even on a machine twice as fast
+EPOCHS = 24
+
+
 def test_the_time_limit_stops_before_the_deadline_and_the_resume_completes_the_run(tmp_path):
     synth = tmp_path / "synthetic"
     out = tmp_path / "runs"
-    args = tiny_run(out, synth, "limited", "train.epochs=40", "train.checkpoint_every=1000", train=256)
-    reference = subprocess.run([sys.executable, str(SCRIPT), *tiny_run(out, synth, "whole", "train.epochs=40",
+    args = tiny_run(out, synth, "limited", f"train.epochs={EPOCHS}", "train.checkpoint_every=1000", train=256)
+    reference = subprocess.run([sys.executable, str(SCRIPT), *tiny_run(out, synth, "whole", f"train.epochs={EPOCHS}",
                                                                        "train.checkpoint_every=1000", train=256)],
                                env=env(tmp_path), capture_output=True, text=True, timeout=600, check=False)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    limit = 25.0   # the run needs ~45 s; it stops ~10 s (EXIT_S) + a step and a checkpoint before this
+    limit = 25.0   # it stops ~10 s (EXIT_S) + a step and a checkpoint before this
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, str(SCRIPT), *args, f"train.time_limit={limit}s"], env=env(tmp_path),
                          capture_output=True, text=True, timeout=600, check=False)
@@ -36,14 +41,14 @@ def test_the_time_limit_stops_before_the_deadline_and_the_resume_completes_the_r
     assert elapsed < limit, f"the run ended {elapsed:.1f} s after its start, past its {limit} s limit"
     assert "time limit:" in run.stderr and "stopped on time limit after step" in run.stderr
     step = train_steps(out / "limited")[-1]
-    assert 1 <= step < 320 and latest(out / "limited") == f"step_{step:08d}"
+    assert 1 <= step < 8 * EPOCHS and latest(out / "limited") == f"step_{step:08d}"
     assert_loadable(out / "limited" / "checkpoints" / f"step_{step:08d}", step)
     resumed = subprocess.run([sys.executable, str(SCRIPT), *args, "train.resume=auto"], env=env(tmp_path),
                              capture_output=True, text=True, timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     results = {n: json.loads((out / n / "results.json").read_text()) for n in ("whole", "limited")}
     assert results["limited"]["weights_sha256_by_rank"] == results["whole"]["weights_sha256_by_rank"]
-    assert train_steps(out / "limited") == list(range(1, 321))
+    assert train_steps(out / "limited") == list(range(1, 8 * EPOCHS + 1))
 
 
 def test_sigterm_to_a_grid_reaches_its_running_cell_and_the_next_invocation_continues_it(tmp_path):
@@ -56,7 +61,7 @@ def test_sigterm_to_a_grid_reaches_its_running_cell_and_the_next_invocation_cont
             "env": {"OMP_NUM_THREADS": "1"}, "columns": ["val.image_to_text_R@1"], "axes": {"seed": [0]},
             "overrides": {"data.synthetic.root": str(tmp_path / "synthetic"), "data.synthetic.num_train": 256,
                           "data.synthetic.num_val": 32, "data.workers": 0, "train.batch_size": 32,
-                          "train.epochs": 20, "train.log_every": 1, "train.checkpoint_every": 1000}}
+                          "train.epochs": 8, "train.log_every": 1, "train.checkpoint_every": 1000}}
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(grid))
     command = [sys.executable, str(ROOT / "eval" / "compare.py"), "--grid", str(path), "--no-plots"]
@@ -90,7 +95,7 @@ def test_the_slurm_recipe_requeues_a_job_stopped_by_its_warning_signal(tmp_path)
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     out = tmp_path / "runs"
-    args = tiny_run(out, tmp_path / "synthetic", "slurm", "train.epochs=10", "train.checkpoint_every=1000", train=512)
+    args = tiny_run(out, tmp_path / "synthetic", "slurm", "train.epochs=4", "train.checkpoint_every=1000", train=512)
     job = env(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node0",
               SLURM_NNODES="1", SLURM_NODEID="0", SLURM_CPUS_PER_TASK="1", GPUS_PER_NODE="1",
               MASTER_PORT=str(free_port()), MAGCLIP_STOPPED_FILE=str(tmp_path / "stopped"))

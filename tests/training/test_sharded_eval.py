@@ -85,7 +85,17 @@ def consolidate_command(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def test_a_sharded_clip_step_consolidates_offline_as_the_run_writes_it(sharded_run, tmp_path):
+def consolidate_here(capsys, *args: str) -> str:
+    """tools/consolidate.py's work (its `main`) in this process, which has loaded torch already; what it printed.
+    The command's own refusal (exit 2, one line) still runs as a process of its own."""
+    from magclip.cli.consolidate import main
+
+    capsys.readouterr()
+    main(list(args))
+    return capsys.readouterr().out
+
+
+def test_a_sharded_clip_step_consolidates_offline_as_the_run_writes_it(sharded_run, tmp_path, capsys):
     """The last step's shards, consolidated on one process, equal bit for bit what the run's own writer makes of the
     gathered weights (open_clip's file, its config and magclip.json), and open in open_clip; a step folder without
     model files (save_full_model=last) gets them in place, and a second time is refused in one line."""
@@ -104,8 +114,7 @@ def test_a_sharded_clip_step_consolidates_offline_as_the_run_writes_it(sharded_r
 
     out, record = sharded_run
     steps = out / "clip" / "checkpoints"
-    proc = consolidate_command(str(steps / "step_00000002"), "--out", str(tmp_path / "offline"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = consolidate_here(capsys, str(steps / "step_00000002"), "--out", str(tmp_path / "offline"))
     cfg = from_dict(RunConfig, __import__("yaml").safe_load((steps / "step_00000002" / "config.yaml").read_text()))
     module = CLIPTrainModule(create_clip("tiny-vit").model, build_loss(cfg.loss), build_logit_scale(cfg.loss))
     module.load_state_dict(record["clip_weights"])
@@ -117,17 +126,17 @@ def test_a_sharded_clip_step_consolidates_offline_as_the_run_writes_it(sharded_r
     assert meta == __import__("json").loads(__import__("json").dumps(checkpoint_meta(module, cfg)))
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{tmp_path / 'offline'}")
     assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items() if k in own)
-    assert "MB held at once" in proc.stdout
+    assert "MB held at once" in printed
 
     first = steps / "step_00000001"
     assert not (first / WEIGHTS_FILE).exists()
-    assert consolidate_command(str(first)).returncode == 0
+    consolidate_here(capsys, str(first))
     model, _, _ = open_clip.create_model_and_transforms("tiny-vit", pretrained=str(first / WEIGHTS_FILE))
     again = consolidate_command(str(first))
     assert again.returncode == 2 and "Traceback" not in again.stderr and "exists already" in again.stderr
 
 
-def test_a_sharded_text_step_consolidates_offline_as_the_run_writes_it(sharded_run, tmp_path):
+def test_a_sharded_text_step_consolidates_offline_as_the_run_writes_it(sharded_run, tmp_path, capsys):
     """A text run's shards (save_full_model=never), consolidated on one process into `model/`: every file what the
     run's own writer makes of the gathered weights (the weights tensor for tensor, bit for bit; the rest byte for byte),
     and sentence-transformers opens it and encodes as magclip's encoder does."""
@@ -142,7 +151,7 @@ def test_a_sharded_text_step_consolidates_offline_as_the_run_writes_it(sharded_r
 
     out, record = sharded_run
     step = out / "text" / "checkpoints" / "step_00000002"
-    assert consolidate_command(str(step)).returncode == 0
+    consolidate_here(capsys, str(step))
     module = text_module(out / "decoder")
     module.load_state_dict(record["text_weights"])
     save_text_model(module, from_dict(TextRunConfig, yaml.safe_load((step / "config.yaml").read_text())), tmp_path)
