@@ -562,9 +562,10 @@ def main() -> None:
     if a.quality:
         Path(a.quality_dir).mkdir(parents=True, exist_ok=True)
     precision = resolved_precision(a.precision)
-    print(f"text trainers: {a.steps} steps (window from step {a.skip}), {a.threads} thread(s), precision {precision}"
-          + (" (no native bf16 here: fp32 for both)" if a.precision == "auto" and precision == "fp32" else "")
-          + f", max length {a.max_length}" + ("" if a.profile else f", {a.rounds} rounds"), flush=True)
+    if not a.quality_only:
+        print(f"text trainers: {a.steps} steps (window from step {a.skip}), {a.threads} thread(s), precision {precision}"
+              + (" (no native bf16 here: fp32 for both)" if a.precision == "auto" and precision == "fp32" else "")
+              + f", max length {a.max_length}" + ("" if a.profile else f", {a.rounds} rounds"), flush=True)
     if a.quality_only:
         kept = {c: Path(a.quality_dir) / f"model_{c}" for c in ("magclip", "sentence-transformers")}
         result = {"quality": part_quality(a, kept)}
