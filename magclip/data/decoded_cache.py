@@ -87,8 +87,14 @@ def sample_bytes(decoded: tuple[dict[str, Any] | None, str, str]) -> int:
     return SAMPLE_OVERHEAD_BYTES + 4 * w * h + captions + meta
 
 
-def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey) -> tuple[list[dict[str, Any]] | None, int]:
-    """(the shard's grouped samples with their decode, bytes) or (None, 0) when the shard has damage."""
+class _OverBudget(Exception):
+    """The decoded set passed the budget while a shard was being read."""
+
+
+def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey,
+                  room: int) -> tuple[list[dict[str, Any]] | None, int]:
+    """(the shard's grouped samples with their decode, bytes) or (None, 0) when the shard has damage; raises
+    _OverBudget as soon as its samples take more than `room` bytes."""
     from magclip.data.shards import _Skips, _tar_members, check_sample
 
     skips = _Skips(log_first=0)
@@ -100,6 +106,8 @@ def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey) -> tuple[l
         decoded = check_sample(sample, max_pixels, caption_key=caption_key)  # the image comes decoded (convert)
         out.append({"__key__": sample.get("__key__"), "__url__": sample.get("__url__"), DECODED: decoded})
         nbytes += sample_bytes(decoded)
+        if nbytes > room:
+            raise _OverBudget
     if skips.take():
         return None, 0
     return out, nbytes
@@ -110,17 +118,17 @@ def fill(urls: list[str], *, max_pixels: int, caption_key: CaptionKey, budget_mb
     t0 = time.perf_counter()
     cache, budget = DecodedCache(), budget_mb * 2**20
     for i, url in enumerate(urls):
-        samples, nbytes = _cached_shard(url, max_pixels, caption_key)
+        try:
+            samples, nbytes = _cached_shard(url, max_pixels, caption_key, budget - cache.nbytes)
+        except _OverBudget:
+            log.info("decoded-sample cache off: the decoded set passes data.cache_max_mb=%d while reading shard %d "
+                     "of %d; reading every epoch from the shards", budget_mb, i + 1, len(urls))
+            return None
         if samples is None:
             continue  # damaged: read from the tar every epoch, its damage counted there
         cache.shards[url] = samples
         cache.nbytes += nbytes
         cache.samples += len(samples)
-        if cache.nbytes > budget:
-            log.info("decoded-sample cache off: %d of %d shards already hold %.0f MiB decoded, more than "
-                     "data.cache_max_mb=%d; reading every epoch from the shards", i + 1, len(urls),
-                     cache.nbytes / 2**20, budget_mb)
-            return None
     cache.seconds = time.perf_counter() - t0
     log.info("%s", cache.summary())
     return cache
