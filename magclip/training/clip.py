@@ -203,7 +203,7 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         base_dtype = adapt_clip(bundle.model, cfg.model.lora, bundle.preprocess_val, bundle.tokenizer,
                                 resolve_precision(cfg.train.precision, accelerator.device)[0], cfg.train.sharding)
     module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss), logit_bias)
-    if base_dtype is not None or lora_on(cfg.model.lora):
+    if lora_on(cfg.model.lora):
         module.compile_blocker = "model.lora (compiling adapted towers is untested)"
     sharding = start_sharded(module, accelerator, cfg.train)   # a meta-device start: sharded and filled here
     module = module.to(accelerator.device)
