@@ -93,10 +93,8 @@ def _decoded_cache(urls: str):
     from magclip.data import decoded_cache
     from magclip.data.captions import CaptionKey
     from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS
-    from magclip.data.urls import expand_sources
 
-    flat = [u for source in expand_sources(urls) for u in source]
-    return decoded_cache.fill(flat, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey("txt"),
+    return decoded_cache.fill(urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey("txt"),
                               budget_mb=decoded_cache.default_budget_mb())
 
 

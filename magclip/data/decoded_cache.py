@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from webdataset.tariterators import group_by_keys, url_opener
-
 from magclip.data import dotted_keys
 from magclip.data.captions import CaptionKey
 from magclip.data.shard_start import IMAGE_EXTS
+from magclip.data.urls import expand_sources
 
 log = logging.getLogger("magclip.data")
 
@@ -95,12 +94,11 @@ def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey,
                   room: int) -> tuple[list[dict[str, Any]] | None, int]:
     """(the shard's grouped samples with their decode, bytes) or (None, 0) when the shard has damage; raises
     _OverBudget as soon as its samples take more than `room` bytes."""
-    from magclip.data.shards import _Skips, _tar_members, check_sample
+    from magclip.data.shards import _Skips, check_sample, read_grouped
 
     skips = _Skips(log_first=0)
     out, nbytes = [], 0
-    opened = url_opener([{"url": url}], handler=skips.open_failed)
-    for sample in group_by_keys(_tar_members(opened, skips), handler=skips.bad_member):
+    for sample in read_grouped([{"url": url}], skips):
         if dotted_keys.folded_samples(sample, IMAGE_EXTS):
             return None, 0
         decoded = check_sample(sample, max_pixels, caption_key=caption_key)  # the image comes decoded (convert)
@@ -113,9 +111,11 @@ def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey,
     return out, nbytes
 
 
-def fill(urls: list[str], *, max_pixels: int, caption_key: CaptionKey, budget_mb: int) -> DecodedCache | None:
-    """Every shard of `urls` read and decoded once, in this process; None (logged) when the set passes the budget."""
+def fill(urls: str | list[str], *, max_pixels: int, caption_key: CaptionKey, budget_mb: int) -> DecodedCache | None:
+    """Every shard of `urls` (brace patterns, sources joined by '::', as the loader takes them) read and decoded once,
+    in this process; None (logged) when the set passes the budget."""
     t0 = time.perf_counter()
+    urls = [u for source in expand_sources(urls) for u in source]
     cache, budget = DecodedCache(), budget_mb * 2**20
     for i, url in enumerate(urls):
         try:

@@ -332,13 +332,19 @@ def _tar_members(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[d
         yield {}
 
 
+def read_grouped(sources: Iterable[dict[str, Any]], skips: _Skips) -> Iterator[dict[str, Any]]:
+    """The grouped samples of the shards `sources` name ({"url": ...}), in order: open, tar members, webdataset's
+    grouping; unreadable and damaged shards and members webdataset cannot group are counted in `skips`."""
+    opened = url_opener(sources, handler=skips.open_failed)
+    return group_by_keys(_tar_members(opened, skips), handler=skips.bad_member)
+
+
 def iter_tar_samples(urls: list[str], skipped: Counter) -> Iterator[tuple[str, str, dict[str, bytes]]]:
     """(shard url, key, {ext: bytes}) per sample, shard by shard in order, in one process (evaluation):
     the training reader's stages (open, members, grouping), so unreadable and damaged shards and
     duplicate members are skipped, logged and counted alike; counts go to `skipped` as they happen."""
     skips = _Skips(log_first=LOG_FIRST_SKIPS)
-    opened = url_opener([{"url": u} for u in urls], handler=skips.open_failed)
-    for sample in group_by_keys(_tar_members(opened, skips), handler=skips.bad_member):
+    for sample in read_grouped([{"url": u} for u in urls], skips):
         skipped.update(skips.take())
         yield sample["__url__"], sample["__key__"], {k: v for k, v in sample.items() if not k.startswith("__")}
     skipped.update(skips.take())
@@ -497,8 +503,7 @@ def _grouped_samples(sources: Iterable[dict[str, Any]], skips: _Skips,
         if cached is not None:
             yield from cached
             continue
-        opened = url_opener([source], handler=skips.open_failed)
-        yield from group_by_keys(_tar_members(opened, skips), handler=skips.bad_member)
+        yield from read_grouped([source], skips)
 
 
 class _RankStream(IterableDataset):

@@ -22,7 +22,6 @@ from magclip.data.captions import CaptionKey
 from magclip.data.decoded_cache import DecodedCache, cache_wanted, default_budget_mb
 from magclip.data.decoded_cache import fill as fill_decoded_cache
 from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, build_clip_loader, count_samples
-from magclip.data.urls import expand_sources
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
 from magclip.evaluation.clip import evaluate_retrieval
@@ -175,8 +174,7 @@ def decoded_training_cache(cfg: RunConfig, train_urls: str, steps_per_epoch: int
     if not wanted:
         return None, f"off ({why})"
     budget = cfg.data.cache_max_mb if cfg.data.cache_max_mb is not None else default_budget_mb()
-    urls = [u for source in expand_sources(train_urls) for u in source]
-    cache = fill_decoded_cache(urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey(cfg.data.caption_key),
+    cache = fill_decoded_cache(train_urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey(cfg.data.caption_key),
                                budget_mb=budget)
     if cache is None:
         return None, f"off (the decoded set passes data.cache_max_mb={budget})"
