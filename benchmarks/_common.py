@@ -42,11 +42,15 @@ if str(REPO) not in sys.path:
 # ----------------------------------------------------------------------------- environment
 
 
-def child_env(threads: int) -> dict[str, str]:
-    """The environment of every contender: the same thread count for OpenMP/MKL and torch."""
+def child_env(threads: int | None) -> dict[str, str]:
+    """The environment of every contender: the same thread count for OpenMP/MKL and torch; None leaves the
+    count to the contender (no thread variable set, as a user runs it)."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[var] = str(threads)
+        if threads is None:
+            env.pop(var, None)
+        else:
+            env[var] = str(threads)
     env.setdefault("MAGCLIP_CACHE", "/tmp/mc_cache")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -235,7 +239,7 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- parent side
 
 
-def run_child(cmd: list[str], threads: int, timeout: float = 900, label: str = "",
+def run_child(cmd: list[str], threads: int | None, timeout: float = 900, label: str = "",
               extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one contender; returns its JSON plus wall time and the tree's peak RSS (wait4)."""
     with tempfile.TemporaryDirectory(prefix="magclip_bench_") as tmp:

@@ -12,7 +12,10 @@ decay on >= 2-D weights only, the kernel `optimizer_kwargs('auto')` picks: fused
 the engine uses it, the cosine schedule with warm-up, gradient clipping at train.grad_clip, and
 open_clip's own `ClipLoss` on the plain open_clip model -- fed K batches drawn once from the synthetic
 shards by the main job's loader (decoded, augmented, tokenized) and normalized once, cycled. No
-loader, no logging, no per-step host sync: the step's irreducible compute on this CPU.
+loader, no logging, no per-step host sync: the step's irreducible compute on this CPU, with every core
+this process may use as intra-op threads (`--threads` chooses another count). The main-job rows run as a
+user runs them: no thread variable set, so the trainer's own rule picks its threads and loader workers
+(magclip/training/threads.py), and each row records what it picked.
 
 Rows (each a fresh child process, every row once per round, rows alternating, medians over rounds;
 all timed by the same optimizer-step clock, _common.StepClock: samples/s between the end of step
@@ -23,14 +26,15 @@ all timed by the same optimizer-step clock, _common.StepClock: samples/s between
 | floor | the loop above |
 | engine step | `Engine._train_step` (magclip/training/engine.py) on the same batches as the loader gives them (uint8 images, normalized on the device), the main job's TrainConfig: + magclip's Scorer loss and logit scale, the BatchNorm buffer snapshot, the non-finite check, the scale projection |
 | main job, batches in memory | `train/clip.py` with its defaults, its loader replaced by the same K batches (`_run_magclip._use_cached_batches`): + the loop around the step (logging every 10 steps, tqdm, the settling host syncs, epochs) |
-| main job | `train/clip.py` with its defaults (`magclip.cli.train_clip.main`), the real loader with its 2 workers |
-| main job, data.cache=false | the same with the decoded-sample cache off (every epoch reads and decodes the shards): the lever's share |
+| main job | `train/clip.py` with its defaults (`magclip.cli.train_clip.main`): the decoded-sample cache on, `data.workers: auto` (on 2 cores: the loader in the training process, 2 threads) |
+| main job, data.workers=2 | the loader in 2 workers, the step on the cores left (1 of 2): the default before `data.workers: auto` |
+| main job, data.cache=false | the decoded-sample cache off as well (every epoch reads and decodes the shards in 2 workers) |
 | loader, W workers | the main job's shard pipeline alone (`bench_loader.py`'s child, the trainer's uint8 transform and shuffle buffer), drained; with 0 workers the time inside the collation (stack + tokenizer) is measured too; ", decoded cache": reading from the trainer's decoded-sample cache (filled before the clock), as the main job's epochs after the first do |
 
 The ratio main job / floor is the issue's figure (target >= 0.9). The breakdown turns the rows into
 ms per step: (engine step - floor) is the step's own extra work, (in memory - engine step) the loop's,
-(main job - in memory) what the loader costs the step on this machine (its workers share the cores);
-the three add up to (main job - floor). The loader rows say what decoding + transform and collation
+(main job - in memory) what the loader costs the step on this machine (in the training process, or in
+workers sharing the cores); the three add up to (main job - floor). The loader rows say what decoding + transform and collation
 cost per batch of 128 when nothing else runs.
 
 `--steps` defaults to the whole main job (5 epochs of 46 steps); the floor and the engine step run as
@@ -64,7 +68,8 @@ from _common import (
 )
 
 HERE = Path(__file__).resolve().parent
-CACHE_OFF = "main job, data.cache=false"  # the lever off: every epoch reads and decodes the shards
+CACHE_OFF = "main job, data.cache=false"  # the cache off: every epoch reads and decodes the shards (2 workers, 1 thread)
+WORKERS_BEFORE = "main job, data.workers=2"  # the cache on, the loader in 2 workers (1 thread): the default before auto
 CACHED_BATCHES = 8  # as bench_loader.py's consumption row: enough distinct batches that no cache stays warm
 
 
@@ -148,7 +153,7 @@ def floor_child(a) -> None:
         torch.cuda.synchronize()  # the last step's kernels are done before the clock is read
         clock.times[-1] = time.perf_counter()
     clock.close()
-    write_json(a.out, {"row": "floor", "precision": f"{precision} ({why})", "optimizer": impl_why,
+    write_json(a.out, {"row": "floor", "threads": torch.get_num_threads(), "precision": f"{precision} ({why})", "optimizer": impl_why,
                        "channels_last": channels_last, "batch_size": a.batch_size, "model": a.model,
                        "final_loss": float(loss), **steady_rate(clock.times, a.batch_size, a.skip, None),
                        **peak_rss_mb(), **gpu_peak_mb()})
@@ -169,7 +174,7 @@ def engine_step_child(a) -> None:
         out = engine._train_step([batches[step % len(batches)]])
     loss = float(out["loss"])  # one host sync, after the clock's last stamp
     clock.close()
-    write_json(a.out, {"row": "engine step", "levers": engine.levers, "batch_size": a.batch_size, "model": a.model,
+    write_json(a.out, {"row": "engine step", "threads": torch.get_num_threads(), "levers": engine.levers, "batch_size": a.batch_size, "model": a.model,
                        "final_loss": loss, **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb()})
 
 
@@ -200,30 +205,33 @@ def main_job_child(a) -> None:
 # ----------------------------------------------------------------------------- parent
 
 
-def plan(a, steps: int) -> dict[str, list[str]]:
-    """row name -> the child's command (run_child adds --out and --workdir)."""
+def plan(a, steps: int) -> dict[str, tuple[list[str], int | None]]:
+    """row name -> (the child's command, its thread count; None: the child's own rule, as a user runs it);
+    run_child adds --out and --workdir."""
     me = [sys.executable, str(Path(__file__).resolve())]
     common = ["--steps", str(steps), "--skip", str(a.skip), "--batch-size", str(a.batch_size),
               "--threads", str(a.threads), "--model", a.model]
-    rows = {"floor": [*me, "--child", "floor", *common],
-            "main job": [*me, "--child", "mainjob", *common],
-            CACHE_OFF: [*me, "--child", "mainjob", *common, "--extra", "data.cache=false"]}
+    rows = {"floor": ([*me, "--child", "floor", *common], a.threads),
+            "main job": ([*me, "--child", "mainjob", *common], None),
+            WORKERS_BEFORE: ([*me, "--child", "mainjob", *common, "--extra", "data.workers=2"], None),
+            CACHE_OFF: ([*me, "--child", "mainjob", *common, "--extra", "data.cache=false"], None)}
     for overrides in a.also:  # more main-job rows, each with its overrides (space-separated)
-        rows[f"main job, {overrides}"] = [*me, "--child", "mainjob", *common, "--extra", *overrides.split()]
+        rows[f"main job, {overrides}"] = ([*me, "--child", "mainjob", *common, "--extra", *overrides.split()], None)
     if a.part == "ratio":
         return rows
-    rows["engine step"] = [*me, "--child", "engine_step", *common]
-    rows["main job, batches in memory"] = [*me, "--child", "mainjob", "--cached", *common]
+    rows["engine step"] = ([*me, "--child", "engine_step", *common], a.threads)
+    rows["main job, batches in memory"] = ([*me, "--child", "mainjob", "--cached", *common], a.threads)
     cfg = main_job_config([])
     urls, n = synthetic_urls(cfg.data.synthetic.num_train)
     loader_n = min(n, max(6, steps + a.skip + 2) * a.batch_size)
     for cached in (False, True):
         for w in a.loader_workers:
-            rows[f"loader, {w} workers" + (", decoded cache" if cached else "")] = [
+            rows[f"loader, {w} workers" + (", decoded cache" if cached else "")] = ([
                 sys.executable, str(HERE / "bench_loader.py"), "--child", "--data", urls, "--model", a.model,
-                "--batch-size", str(a.batch_size), "--threads", str(a.threads), "--num-samples", str(loader_n),
+                "--batch-size", str(a.batch_size), "--threads", "1", "--num-samples", str(loader_n),
                 "--skip", str(min(a.skip, 3)), "--workers", str(w), "--shuffle-buffer", str(cfg.data.shuffle_buffer),
-                "--trainer-transform", *(["--time-collate"] if w == 0 else []), *(["--decoded-cache"] if cached else [])]
+                "--trainer-transform", *(["--time-collate"] if w == 0 else []),
+                *(["--decoded-cache"] if cached else [])], 1)
     return rows
 
 
@@ -235,8 +243,11 @@ def breakdown(summary: dict[str, dict[str, Any]], batch: int) -> list[list[Any]]
                "floor", "engine step"),
               ("the loop around it (logging every 10 steps, tqdm, host syncs, epochs)", "engine step",
                "main job, batches in memory"),
-              ("the loader feeding it (workers sharing the cores)", "main job, batches in memory", "main job"),
-              ("the decoded-sample cache (main job - main job with data.cache=false)", CACHE_OFF, "main job")]
+              ("the loader feeding it", "main job, batches in memory", "main job"),
+              ("data.workers auto: the loader in the training process, the cores to the step (main job - "
+               "data.workers=2)", WORKERS_BEFORE, "main job"),
+              ("the decoded-sample cache, both with 2 workers (data.workers=2 - data.cache=false)", CACHE_OFF,
+               WORKERS_BEFORE)]
     for what, before, after in stages:
         if before in ms and after in ms:
             d = ms[after] - ms[before]
@@ -264,7 +275,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per child (default: the whole main job)")
     p.add_argument("--skip", type=int, default=5, help="steps left out of the window (start-up, first batches)")
     p.add_argument("--batch-size", type=int, default=None, help="default: the main job's (128)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="the floor's intra-op threads (default: every core this process may use)")
     p.add_argument("--model", default=None, help="default: the main job's (tiny-resnet)")
     p.add_argument("--loader-workers", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--also", nargs="*", default=[],
@@ -280,6 +292,9 @@ def main() -> None:
     cfg = main_job_config([])
     a.batch_size = a.batch_size or cfg.train.batch_size
     a.model = a.model or cfg.model.name
+    from magclip.training.threads import available_cores
+
+    a.threads = a.threads or available_cores()
     if a.child:
         return {"floor": floor_child, "engine_step": engine_step_child, "mainjob": main_job_child}[a.child](a)
 
@@ -290,8 +305,8 @@ def main() -> None:
           f"{a.threads} thread(s), {a.rounds} rounds, rows: {', '.join(rows)}", flush=True)
     runs: dict[str, list[dict]] = {k: [] for k in rows}
     for r in range(a.rounds):
-        for name, cmd in rows.items():
-            res = run_child(cmd, a.threads, timeout=1800, label=name)
+        for name, (cmd, threads) in rows.items():
+            res = run_child(cmd, threads, timeout=1800, label=name)
             runs[name].append(res)
             print(f"  round {r + 1}/{a.rounds} {name:>28}: {res['samples_per_s']:8.1f} samples/s", flush=True)
     summary = {}
@@ -310,14 +325,15 @@ def main() -> None:
     print(table([[k, v["samples_per_s_median"], str(v["samples_per_s_runs"]), f"{v['ms_per_step']:.1f}",
                   f"{v['samples_per_s_median'] / floor:.2f}"] for k, v in summary.items()],
                 ["row", "samples/s (median)", "runs", "ms per step of 128", "× floor"]))
-    print(f"main job / floor = {ratio:.3f} (paired per round: {', '.join(f'{x:.2f}' for x in paired)}); target >= 0.9")
+    print(f"main job / floor = {ratio:.3f} (paired per round: {', '.join(f'{x:.2f}' for x in paired)}, their median "
+          f"{median(paired):.3f}); target >= 0.9")
     parts = breakdown(summary, a.batch_size)
     print(table(parts, ["where the rest goes", "ms per step", "share of a floor step"]))
-    first = {k: {f: v[0].get(f) for f in ("precision", "optimizer", "channels_last", "levers")} for k, v in runs.items()}
+    first = {k: {f: v[0].get(f) for f in ("precision", "optimizer", "channels_last", "levers", "threads")} for k, v in runs.items()}
     out = Path(a.out) if a.out else RESULTS_DIR / "floor.json"
     write_json(out, {"benchmark": "floor", "machine": info, "settings": {**vars(a), "steps": steps},
                      "as_run": first, "summary": summary, "ratio_main_job_over_floor": ratio,
-                     "ratio_paired_per_round": paired, "breakdown": parts, "runs": runs})
+                     "ratio_paired_per_round": paired, "ratio_paired_median": median(paired), "breakdown": parts, "runs": runs})
     print(f"wrote {out}")
 
 

@@ -114,7 +114,8 @@ class DataConfig:
     resampled: bool = False
     shuffle_buffer: int = 5000        # samples per loader worker, encoded (~23 KB each at 224-px JPEG): open_clip_train's
                                       # 5,000; measured against 1,000 in benchmarks/README.md (learning quality)
-    workers: int = 2
+    workers: int | str = "auto"       # loader worker processes; auto: in the training process where the step runs on
+                                      # the CPU from the decoded-sample cache on few cores, else 2 (training/threads.py)
     cache: bool | str = "auto"        # keep decoded training samples in memory for the epochs after the first
                                       # (data/decoded_cache.py): auto = when the run reads the shards more than once
                                       # and they fit cache_max_mb; true; false. The same batches either way
@@ -472,7 +473,7 @@ def validate(cfg: Any) -> None:
         _check_clip_loss(cfg.loss)
         _check_eval_precision(cfg.eval.precision)
         _check_captions(cfg)
-        _check_data_cache(cfg.data)
+        _check_data_loading(cfg.data)
     elif isinstance(cfg, TextRunConfig):
         _check_text(cfg)
     else:
@@ -481,7 +482,9 @@ def validate(cfg: Any) -> None:
     _check_lora(cfg)
 
 
-def _check_data_cache(data: DataConfig) -> None:
+def _check_data_loading(data: DataConfig) -> None:
+    if data.workers != "auto" and (isinstance(data.workers, bool) or not isinstance(data.workers, int) or data.workers < 0):
+        raise ConfigError(f"data.workers={data.workers!r}; allowed: auto or a number >= 0")
     if data.cache != "auto" and not isinstance(data.cache, bool):
         raise ConfigError(f"data.cache={data.cache!r}; allowed: auto, true, false")
     if data.cache_max_mb is not None and data.cache_max_mb < 0:

@@ -53,7 +53,7 @@ from magclip.training.run import (
     write_run_config,
 )
 from magclip.training.sharding import evaluation_precision, evaluation_share
-from magclip.training.threads import use_threads
+from magclip.training.threads import choose_loader_workers, use_threads
 
 log = logging.getLogger("magclip.clip")
 
@@ -182,7 +182,6 @@ def decoded_training_cache(cfg: RunConfig, train_urls: str, steps_per_epoch: int
 
 
 def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
-    use_threads(cfg.train.threads, cfg.data.workers)
     accelerator = make_accelerator(cfg.train, cfg.run_dir)
     run_dir = prepare_run_dir(cfg, accelerator)
     torch.manual_seed(cfg.train.seed)
@@ -213,17 +212,20 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     train_transform = uint8_transform(bundle.preprocess_train) or bundle.preprocess_train
 
     decoded = None  # the decoded-sample cache, filled below once the run's length is known
+    workers = 0  # the loader workers: data.workers's rule decides once the cache is (the count of batches is not theirs)
 
     def make_loader(epoch: int):
         return build_clip_loader(train_urls, preprocess=train_transform, tokenizer=bundle.tokenizer,
                                  batch_size=cfg.train.batch_size, num_samples=num_samples, weights=cfg.data.train_weights,
                                  resampled=cfg.data.resampled, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer,
-                                 workers=cfg.data.workers, seed=cfg.train.seed, epoch=epoch,
+                                 workers=workers, seed=cfg.train.seed, epoch=epoch,
                                  rank=accelerator.process_index, world_size=accelerator.num_processes,
                                  caption_key=cfg.data.caption_key, decoded_cache=decoded)
 
     steps_per_epoch = make_loader(0).num_batches // cfg.train.accum_freq
     decoded, cache_note = decoded_training_cache(cfg, train_urls, steps_per_epoch)
+    workers, workers_note = choose_loader_workers(cfg.data.workers, accelerator.device.type, decoded is not None)
+    use_threads(cfg.train.threads, workers)
     if scale_from_norms(cfg) and cfg.train.resume is None:
         _match_cosine_temperature(module, make_loader(0), cosine_scale_for(cfg.loss.type))
 
@@ -234,9 +236,9 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                                    where=f"data.{name}" if name == "val" else f"data.eval_sets.{name}")
         if es.captioned is not None:
             return es, _Reiterable(lambda: es.captioned.iter_batches(bundle.preprocess_val, bundle.tokenizer, 256,
-                                                                    Counter(), workers=cfg.data.workers))
+                                                                    Counter(), workers=workers))
         return es, build_clip_loader(es.urls, preprocess=bundle.preprocess_val, tokenizer=bundle.tokenizer,
-                                     batch_size=256, num_samples=None, shuffle=False, workers=cfg.data.workers,
+                                     batch_size=256, num_samples=None, shuffle=False, workers=workers,
                                      rank=0, world_size=1, drop_last=False, caption_key=es.caption_key,
                                      all_captions=True)
 
@@ -279,7 +281,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
                     run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
     engine.levers["decoded_cache"] = cache_note
-    log.info("decoded-sample cache: %s", cache_note)
+    engine.levers["loader_workers"] = f"{workers} ({workers_note})"
+    log.info("decoded-sample cache: %s; loader workers: %d (%s)", cache_note, workers, workers_note)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

@@ -1,4 +1,5 @@
-"""How many intra-op threads a training process uses, chosen on purpose and logged.
+"""How a training process splits its cores between the step and the loader, chosen on purpose and logged:
+its intra-op threads and, under `data.workers: auto`, its loader workers.
 
 torch starts one intra-op thread per core it sees. Loader workers are processes of their own (each
 runs single-threaded), so with the default a 2-core machine running 2 workers has 4 busy threads on 2
@@ -24,6 +25,16 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def node_processes() -> int:
+    """Training processes on this node (torchrun and accelerate set LOCAL_WORLD_SIZE)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+
+
+def cores_per_process() -> int:
+    """This process's share of the cores it may use, shared among the node's training processes."""
+    return max(1, available_cores() // node_processes())
+
+
 def choose_threads(configured: int | None, loader_workers: int) -> tuple[int, str]:
     """(threads, why) for one training process."""
     if configured is not None:
@@ -31,12 +42,36 @@ def choose_threads(configured: int | None, loader_workers: int) -> tuple[int, st
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env), "OMP_NUM_THREADS"
-    cores = available_cores()
-    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))  # torchrun / accelerate set it
-    share = max(1, cores // processes)
-    threads = max(1, share - loader_workers)
-    return threads, (f"{cores} cores / {processes} process(es) on this node - {loader_workers} loader worker(s); "
-                     "set train.threads or OMP_NUM_THREADS to choose")
+    threads = max(1, cores_per_process() - loader_workers)
+    return threads, (f"{available_cores()} cores / {node_processes()} process(es) on this node - {loader_workers} "
+                     "loader worker(s); set train.threads or OMP_NUM_THREADS to choose")
+
+
+AUTO_WORKERS = 2  # what `data.workers: auto` keeps where the rule below does not move the loader in
+
+
+def choose_loader_workers(configured: int | str, device_type: str, loader_cached: bool) -> tuple[int, str]:
+    """(loader workers, why) by `data.workers`: a number is taken as it is; `auto` runs the loader in the training
+    process where the step computes on the CPU, the decoded-sample cache holds the training set, and AUTO_WORKERS
+    workers would hold at least half of this process's cores; else AUTO_WORKERS workers.
+
+    Why: on a CPU the workers and the step share the cores. Reading a batch from the cache is a small part of a
+    step (the main job: 25 ms for 128 samples on one core, the step 150-215 ms), so a worker holding a whole core
+    for it leaves that core mostly idle, while the step, given the core, runs faster (benchmarks/README.md, "Speed
+    against the floor": +40 % samples/s on 2 cores). On a GPU the step does not use the cores; with many cores
+    two workers take a small share, and a loader in the training process would add its time to every step."""
+    if configured != "auto":
+        return int(configured), "data.workers"
+    if device_type != "cpu":
+        return AUTO_WORKERS, f"auto: the step runs on the {device_type} device, the workers decode beside it"
+    if not loader_cached:
+        return AUTO_WORKERS, "auto: no decoded-sample cache, the workers read and decode the shards beside the step"
+    cores = cores_per_process()
+    if 2 * AUTO_WORKERS < cores:
+        return AUTO_WORKERS, f"auto: {AUTO_WORKERS} workers hold less than half of this process's {cores} cores"
+    return 0, (f"auto: the decoded-sample cache holds the training set and {AUTO_WORKERS} workers would hold at least "
+               f"half of this process's {cores} cores: the loader runs in the training process, the cores go to "
+               "the step")
 
 
 def use_threads(configured: int | None, loader_workers: int) -> int:
