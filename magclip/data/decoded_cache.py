@@ -22,10 +22,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from magclip.data import dotted_keys
 from magclip.data.captions import CaptionKey
+from magclip.data.token_memo import TokenMemo
 from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import expand_sources
 
@@ -44,6 +46,16 @@ class DecodedCache:
     nbytes: int = 0
     samples: int = 0
     seconds: float = 0.0
+    budget_bytes: int = 0
+    memos: dict[int, TokenMemo] = field(default_factory=dict)  # by id() of the tokenizer each memo holds
+
+    def tokenizer(self, tokenizer: Callable[[list[str]], Any]) -> TokenMemo:
+        """`tokenizer` with a memo of the captions' tokens that lasts as long as the cache (every epoch's loader)."""
+        memo = self.memos.get(id(tokenizer))
+        if memo is None or memo.tokenizer is not tokenizer:
+            room = self.budget_bytes - self.nbytes - sum(m.nbytes for m in self.memos.values())
+            memo = self.memos[id(tokenizer)] = TokenMemo(tokenizer, max(0, room))
+        return memo
 
     def summary(self) -> str:
         return (f"{self.samples} decoded training samples of {len(self.shards)} shards kept in memory "
@@ -116,7 +128,8 @@ def fill(urls: str | list[str], *, max_pixels: int, caption_key: CaptionKey, bud
     in this process; None (logged) when the set passes the budget."""
     t0 = time.perf_counter()
     urls = [u for source in expand_sources(urls) for u in source]
-    cache, budget = DecodedCache(), budget_mb * 2**20
+    budget = budget_mb * 2**20
+    cache = DecodedCache(budget_bytes=budget)
     for i, url in enumerate(urls):
         try:
             samples, nbytes = _cached_shard(url, max_pixels, caption_key, budget - cache.nbytes)

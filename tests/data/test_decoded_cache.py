@@ -75,6 +75,8 @@ def test_the_cache_gives_the_same_batches_and_skips_as_reading_the_shards(tmp_pa
     cached, cached_counts = run(urls, cache, workers)
     if workers == 0:
         assert set(read_decodes) == set(urls) and set(decodes) == {urls[2], urls[3]}
+        (memo,) = cache.memos.values()  # the captions' tokens, kept across the epochs' loaders
+        assert memo.rows and not memo.off and memo.nbytes <= cache.budget_bytes - cache.nbytes
     assert read_counts == cached_counts
     assert {"undecodable_image", "missing_caption", "corrupt_tar", "bad_member", "empty_caption_line"} <= set(read_counts)
     assert len(read) == len(cached) > 4
