@@ -164,6 +164,7 @@ def train_child_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--precision", default="fp32")
+    p.add_argument("--epochs", type=int, default=1)
     return p
 
 

@@ -26,23 +26,29 @@ def main() -> None:
     p.add_argument("--expect-world-size", type=int, default=1)
     p.add_argument("--cached-batches", type=int, default=0,
                    help="train on K batches decoded before the run, cycled (no loader): the step's own consumption rate")
+    p.add_argument("--defaults", action="store_true",
+                   help="the trainer's own threads, loader workers, precision and epoch length (--threads, --workers, "
+                        "--precision and --num-samples are not applied)")
     p.add_argument("--out", required=True)
     p.add_argument("--workdir", required=True)
     a = p.parse_args()
 
     import torch
 
-    torch.set_num_threads(a.threads)
+    if not a.defaults:
+        torch.set_num_threads(a.threads)
     import torch.distributed as dist
 
     from magclip.training.clip import train_clip
     from magclip.config import load_config
 
+    host = [] if a.defaults else [f"data.num_samples={a.num_samples}", f"data.workers={a.workers}",
+                                  f"train.precision={a.precision}"]
     overrides = [
         "name=bench", f"output_dir={a.workdir}/runs", "overwrite=true",
-        f"model.name={a.model}", f"data.train={a.data}", "data.val=null", f"data.num_samples={a.num_samples}",
-        f"data.workers={a.workers}", f"train.batch_size={a.batch_size}", "train.epochs=1",
-        "train.lr=0.001", "train.warmup_steps=10", f"train.precision={a.precision}", "train.log_every=10",
+        f"model.name={a.model}", f"data.train={a.data}", "data.val=null", *host,
+        f"train.batch_size={a.batch_size}", f"train.epochs={a.epochs}",
+        "train.lr=0.001", "train.warmup_steps=10", "train.log_every=10",
         f"loss.i2t={a.i2t}", f"loss.t2i={a.t2i}", *a.extra,
     ]
     if a.max_steps:
@@ -61,7 +67,8 @@ def main() -> None:
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     record = {"contender": "magclip", "mode": f"i2t={a.i2t},t2i={a.t2i}", "world_size": world, "rank": rank,
               "threads": torch.get_num_threads(), "workers": a.workers, "batch_size": a.batch_size,
-              "precision": a.precision, "model": a.model, "cached_batches": a.cached_batches, **rate, **mem,
+              "precision": a.precision, "levers": results.get("speed_levers"), "defaults": a.defaults,
+              "model": a.model, "cached_batches": a.cached_batches, **rate, **mem,
               "skipped_samples": results.get("skipped_samples")}
     if world > 1:
         gathered = [None] * world

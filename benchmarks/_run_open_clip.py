@@ -44,7 +44,7 @@ def main() -> None:
     argv = [
         "--train-data", a.data, "--train-num-samples", str(a.num_samples), "--dataset-type", "webdataset",
         "--batch-size", str(a.batch_size), "--precision", a.precision, "--workers", str(a.workers),
-        "--model", a.model, "--epochs", "1", "--lr", "0.001", "--warmup", "10", "--wd", "0.1",
+        "--model", a.model, "--epochs", str(a.epochs), "--lr", "0.001", "--warmup", "10", "--wd", "0.1",
         "--beta1", "0.9", "--beta2", "0.98", "--eps", "1e-6", "--grad-clip-norm", "1.0",
         "--report-to", "", "--save-frequency", "0", "--logs", f"{a.workdir}/logs", "--name", "bench",
         "--device", a.device, "--seed", "0", "--log-every-n-steps", "10", *shlex.split(a.open_clip_args),

@@ -3,6 +3,8 @@
     bash benchmarks/setup_open_clip_train_env.sh          # once: open_clip_train's own env (pandas, webdataset<=0.2.86)
     python benchmarks/bench_train.py --part ab            # magclip vs open_clip_train, A B A B ...
     python benchmarks/bench_train.py --part ab --magclip-precision auto   # each at its default precision
+    python benchmarks/bench_train.py --part ab --magclip-defaults --epochs 5 --measure 0   # the main job's 5 epochs:
+                                                    # magclip at all its defaults, open_clip_train at its precision's
     python benchmarks/bench_train.py --part modes         # cosine vs qnorm/dnorm/learnable/asymmetric, rotated
     python benchmarks/bench_train.py --part modes --cached-batches 8 --workers 0   # the same, batches in memory
     python benchmarks/bench_train.py --part ddp           # 1 process vs torchrun --nproc_per_node 2 (gloo)
@@ -60,14 +62,16 @@ MODES = {
 def common_args(a, urls: str, n: int) -> list[str]:
     return ["--data", urls, "--num-samples", str(n), "--model", a.model, "--batch-size", str(a.batch_size),
             "--threads", str(a.threads), "--precision", a.precision, "--skip", str(a.skip),
-            "--measure", str(a.measure)]
+            *(["--measure", str(a.measure)] if a.measure else []), "--epochs", str(a.epochs)]
 
 
 def magclip_cmd(a, urls, n, i2t="cosine", t2i="cosine", workers=None) -> list[str]:
     cached = ["--cached-batches", str(a.cached_batches)] if a.cached_batches else []
     own = ["--precision", a.magclip_precision] if a.magclip_precision else []  # the last --precision wins
+    defaults = ["--defaults"] if a.magclip_defaults else []
     return [sys.executable, str(HERE / "_run_magclip.py"), *common_args(a, urls, n),
-            "--workers", str(a.workers if workers is None else workers), "--i2t", i2t, "--t2i", t2i, *cached, *own]
+            "--workers", str(a.workers if workers is None else workers), "--i2t", i2t, "--t2i", t2i, *cached, *own,
+            *defaults]
 
 
 def open_clip_cmd(a, urls, n) -> list[str]:
@@ -84,14 +88,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def alternate(contenders: dict[str, callable], reps: int, threads: int, rotate: bool = False) -> dict[str, list[dict]]:
-    """Run each contender `reps` times, interleaved: A B C A B C ... (rotated per round if asked)."""
+def alternate(contenders: dict[str, callable], reps: int, threads: int, rotate: bool = False,
+              own_threads: tuple[str, ...] = ()) -> dict[str, list[dict]]:
+    """Run each contender `reps` times, interleaved: A B C A B C ... (rotated per round if asked); the contenders
+    named in `own_threads` run with no thread variable set (their own rule decides, as a user runs them)."""
     names = list(contenders)
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(reps):
         order = names[r % len(names):] + names[:r % len(names)] if rotate else names
         for name in order:
-            res = run_child(contenders[name](), threads, label=name)
+            res = run_child(contenders[name](), None if name in own_threads else threads, label=name)
             runs[name].append(res)
             print(f"  round {r + 1}/{reps} {name:>16}: {res['samples_per_s']:8.1f} samples/s  "
                   f"(step {res['step_ms_median']:.0f} ms, main RSS {res['peak_rss_main_mb']:.0f} MiB, wall {res['wall_s']:.0f} s)",
@@ -114,7 +120,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
 
 def part_ab(a, urls, n) -> dict:
     runs = alternate({"magclip": lambda: magclip_cmd(a, urls, n), "open_clip_train": lambda: open_clip_cmd(a, urls, n)},
-                     a.reps, a.threads)
+                     a.reps, a.threads, own_threads=("magclip",) if a.magclip_defaults else ())
     s = summarize(runs)
     ratio = s["magclip"]["samples_per_s_median"] / s["open_clip_train"]["samples_per_s_median"]
     paired = [m["samples_per_s"] / o["samples_per_s"] for m, o in zip(runs["magclip"], runs["open_clip_train"])]
@@ -215,8 +221,12 @@ def main() -> None:
     p.add_argument("--magclip-precision", default=None,
                    help="magclip's own precision (e.g. auto: both trainers at their defaults, open_clip_train fp32)")
     p.add_argument("--num-samples", type=int, default=None, help="epoch length; default: all training samples")
+    p.add_argument("--epochs", type=int, default=1, help="epochs of each contender (the main job: 5)")
+    p.add_argument("--magclip-defaults", action="store_true",
+                   help="magclip at all its defaults: its own threads, loader workers, precision and decoded-sample "
+                        "cache (no data.num_samples: it counts the shards); open_clip_train as set by the other options")
     p.add_argument("--skip", type=int, default=5, help="steps excluded as warm-up")
-    p.add_argument("--measure", type=int, default=40, help="steps in the timed window")
+    p.add_argument("--measure", type=int, default=40, help="steps in the timed window (0: every step after --skip)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--cached-batches", type=int, default=0,
                    help="--part modes only: feed K batches decoded before the run (no loader in the timed steps)")
