@@ -3,6 +3,7 @@
     python benchmarks/bench_floor.py                          # ratio + breakdown, 3 rounds: results/floor.json
     python benchmarks/bench_floor.py --part ratio --rounds 5  # floor vs main job only (A B A B ...)
     python benchmarks/bench_floor.py --part ratio --also 'data.workers=1'   # + the main job with other settings
+    python benchmarks/bench_floor.py --part blocks              # floor step, engine step, cached batch in one process
     python benchmarks/bench_floor.py --steps 3 --skip 1 --rounds 1 --out /tmp/floor_smoke.json   # smoke check
 
 The floor: the main job's model (configs/clip/default.yaml: tiny-resnet), batch (128), precision
@@ -106,8 +107,9 @@ def real_batches(model: str, batch: int, k: int, device: str) -> list[dict]:
             for b in (next(it) for _ in range(min(k, loader.num_batches)))]
 
 
-def floor_child(a) -> None:
-    """The bare loop: open_clip model + ClipLoss + AdamW (+ schedule, clipping) on normalized batches in memory."""
+def floor_stepper(a, steps: int):
+    """The bare loop's step: open_clip model + ClipLoss + AdamW (+ schedule, clipping) on normalized batches in
+    memory. Returns (step(i) -> loss tensor, what it runs)."""
     import torch
     from open_clip.loss import ClipLoss
 
@@ -115,8 +117,6 @@ def floor_child(a) -> None:
     from magclip.training.engine import cosine_with_warmup
     from magclip.training.levers import optimizer_kwargs, resolve_precision, use_channels_last
 
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
     device = torch.device(a.device)
     cfg = main_job_config([f"train.batch_size={a.batch_size}", *a.extra]).train
     precision, why = resolve_precision(cfg.precision, device)
@@ -133,13 +133,13 @@ def floor_child(a) -> None:
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     impl, impl_why = optimizer_kwargs(cfg.optimizer_impl, params)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, a.steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(cfg.warmup_steps, steps))
     loss_fn = ClipLoss()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     model.train()
-    clock = StepClock()
-    for step in range(a.steps):
-        images, texts = batches[step % len(batches)]
+
+    def step(i: int):
+        images, texts = batches[i % len(batches)]
         with autocast:
             image_features, text_features, scale = model(images, texts)[:3]
             loss = loss_fn(image_features, text_features, scale)
@@ -149,33 +149,122 @@ def floor_child(a) -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()  # the last step's kernels are done before the clock is read
-        clock.times[-1] = time.perf_counter()
-    clock.close()
-    write_json(a.out, {"row": "floor", "threads": torch.get_num_threads(), "precision": f"{precision} ({why})", "optimizer": impl_why,
-                       "channels_last": channels_last, "batch_size": a.batch_size, "model": a.model,
-                       "final_loss": float(loss), **steady_rate(clock.times, a.batch_size, a.skip, None),
-                       **peak_rss_mb(), **gpu_peak_mb()})
+        return loss
+
+    return step, {"precision": f"{precision} ({why})", "optimizer": impl_why, "channels_last": channels_last}
 
 
-def engine_step_child(a) -> None:
+def engine_stepper(a, steps: int):
     """Engine._train_step, the main job's TrainConfig, on the same batches as the loader gives them."""
-    import torch
     from _common import clip_train_module
+
+    cfg = main_job_config([f"train.batch_size={a.batch_size}", f"train.max_steps={steps}", *a.extra]).train
+    engine = engine_in_memory(cfg, clip_train_module(a.model))
+    batches = real_batches(a.model, a.batch_size, CACHED_BATCHES, str(engine.acc.device))
+    return (lambda i: engine._train_step([batches[i % len(batches)]])["loss"]), {"levers": engine.levers}
+
+
+def floor_child(a) -> None:
+    import torch
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = main_job_config([f"train.batch_size={a.batch_size}", f"train.max_steps={a.steps}", *a.extra]).train
-    engine = engine_in_memory(cfg, clip_train_module(a.model))
-    batches = real_batches(a.model, a.batch_size, CACHED_BATCHES, str(engine.acc.device))
+    step, info = floor_stepper(a, a.steps)
     clock = StepClock()
-    for step in range(a.steps):
-        out = engine._train_step([batches[step % len(batches)]])
-    loss = float(out["loss"])  # one host sync, after the clock's last stamp
+    for i in range(a.steps):
+        loss = step(i)
+    if a.device.startswith("cuda"):
+        torch.cuda.synchronize()  # the last step's kernels are done before the clock is read
+        clock.times[-1] = time.perf_counter()
     clock.close()
-    write_json(a.out, {"row": "engine step", "threads": torch.get_num_threads(), "levers": engine.levers, "batch_size": a.batch_size, "model": a.model,
-                       "final_loss": loss, **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb()})
+    write_json(a.out, {"row": "floor", "threads": torch.get_num_threads(), **info, "batch_size": a.batch_size,
+                       "model": a.model, "final_loss": float(loss),
+                       **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb(), **gpu_peak_mb()})
+
+
+def engine_step_child(a) -> None:
+    import torch
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    step, info = engine_stepper(a, a.steps)
+    clock = StepClock()
+    for i in range(a.steps):
+        loss = step(i)
+    loss = float(loss)  # one host sync, after the clock's last stamp
+    clock.close()
+    write_json(a.out, {"row": "engine step", "threads": torch.get_num_threads(), **info, "batch_size": a.batch_size,
+                       "model": a.model, "final_loss": loss, **steady_rate(clock.times, a.batch_size, a.skip, None),
+                       **peak_rss_mb()})
+
+
+def cached_loader_stepper(a, memo: bool):
+    """One batch per call from the main job's loader in this process (0 workers), reading the decoded-sample cache
+    as the epochs after the first do, epoch after epoch; `memo=False` keeps the cache's token memo out."""
+    import copy
+
+    from magclip.data import decoded_cache
+    from magclip.data.captions import CaptionKey
+    from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, build_clip_loader
+    from magclip.models.clip import create_clip, uint8_transform
+
+    cfg = main_job_config([])
+    urls, n = synthetic_urls(cfg.data.synthetic.num_train)
+    bundle = create_clip(a.model)
+    cache = decoded_cache.fill(urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey(cfg.data.caption_key),
+                               budget_mb=decoded_cache.default_budget_mb())
+    if not memo:
+        cache = copy.copy(cache)
+        cache.tokenizer = lambda tokenizer: tokenizer
+    state = {"batches": iter(()), "epoch": 0}
+
+    def step(i: int):
+        for _ in range(2):
+            batch = next(state["batches"], None)
+            if batch is not None:
+                return batch
+            state["batches"] = iter(build_clip_loader(
+                urls, preprocess=uint8_transform(bundle.preprocess_train), tokenizer=bundle.tokenizer,
+                batch_size=a.batch_size, num_samples=n, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer, workers=0,
+                seed=0, epoch=state["epoch"], decoded_cache=cache))
+            state["epoch"] += 1
+        raise RuntimeError("the loader gave no batch")
+
+    return step
+
+
+BLOCK_ROWS = ("floor step", "engine step", "cached batch, in process", "cached batch, no token memo")
+
+
+def blocks_child(a) -> None:
+    """The floor's step, the engine's step and a cached batch of the in-process loader (with and without the token
+    memo), built in one process and timed in alternating blocks of `--block` calls: machine drift cancels out of
+    each block-to-block ratio."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    steps = a.blocks * a.block + 2
+    contenders = dict(zip(BLOCK_ROWS, (floor_stepper(a, steps)[0], engine_stepper(a, steps)[0],
+                                       cached_loader_stepper(a, memo=True), cached_loader_stepper(a, memo=False))))
+    for call in contenders.values():  # warm-up: first batches, allocator
+        call(0), call(1)
+    ms: dict[str, list[float]] = {k: [] for k in contenders}
+    for _ in range(a.blocks):
+        for name, call in contenders.items():
+            t0 = time.perf_counter()
+            for i in range(a.block):
+                call(i)
+            ms[name].append(1000 * (time.perf_counter() - t0) / a.block)
+    floor = ms["floor step"]
+    write_json(a.out, {"threads": torch.get_num_threads(), "block": a.block, "blocks": a.blocks, "ms_per_call": ms,
+                       "median_ms": {k: statistics.median(v) for k, v in ms.items()},
+                       "median_ratio_to_floor_step": {k: statistics.median(x / f for x, f in zip(v, floor))
+                                                      for k, v in ms.items()},
+                       "token_memo_ratio": statistics.median(
+                           x / y for x, y in zip(ms["cached batch, in process"], ms["cached batch, no token memo"]))})
 
 
 def main_job_child(a) -> None:
@@ -267,10 +356,29 @@ def breakdown(summary: dict[str, dict[str, Any]], batch: int) -> list[list[Any]]
     return rows
 
 
+def run_blocks(a) -> None:
+    """`--part blocks`: one child, its table, results/floor_blocks.json."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "blocks", "--blocks", str(a.blocks), "--block",
+           str(a.block), "--batch-size", str(a.batch_size), "--threads", str(a.threads), "--model", a.model]
+    res = run_child(cmd, a.threads, timeout=3600, label="blocks")
+    floor = res["median_ms"]["floor step"]
+    print(table([[k, f"{v:.1f}", f"{100 * v / floor:.1f} %", f"{res['median_ratio_to_floor_step'][k]:.3f}"]
+                 for k, v in res["median_ms"].items()],
+                ["contender (one process, alternating blocks)", "ms per call (median)", "of a floor step",
+                 "median block ratio to the floor step"]))
+    print(f"token memo: a cached batch takes {res['token_memo_ratio']:.3f} of its time without it (median block ratio)")
+    out = Path(a.out) if a.out else RESULTS_DIR / "floor_blocks.json"
+    write_json(out, {"benchmark": "floor blocks", "machine": machine_info(a.threads), "settings": vars(a), **res})
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "ratio"), default="all",
-                   help="ratio: the floor and the main job only; all: + the breakdown rows")
+    p.add_argument("--part", choices=("all", "ratio", "blocks"), default="all",
+                   help="ratio: the floor and the main job only; all: + the breakdown rows; blocks: the floor's step, "
+                        "the engine's and a cached batch, alternating in one process (results/floor_blocks.json)")
+    p.add_argument("--blocks", type=int, default=16, help="--part blocks: blocks per contender")
+    p.add_argument("--block", type=int, default=10, help="--part blocks: calls per block")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per child (default: the whole main job)")
     p.add_argument("--skip", type=int, default=5, help="steps left out of the window (start-up, first batches)")
@@ -283,7 +391,7 @@ def main() -> None:
                    help="more main-job rows, each a string of overrides, e.g. 'data.workers=1' 'train.threads=2'")
     p.add_argument("--out", default=None)
     # child mode
-    p.add_argument("--child", choices=("floor", "engine_step", "mainjob"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("floor", "engine_step", "mainjob", "blocks"), help=argparse.SUPPRESS)
     p.add_argument("--cached", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     p.add_argument("--extra", nargs="*", default=[], help=argparse.SUPPRESS)  # overrides of the main job's config
@@ -296,7 +404,10 @@ def main() -> None:
 
     a.threads = a.threads or available_cores()
     if a.child:
-        return {"floor": floor_child, "engine_step": engine_step_child, "mainjob": main_job_child}[a.child](a)
+        return {"floor": floor_child, "engine_step": engine_step_child, "mainjob": main_job_child,
+                "blocks": blocks_child}[a.child](a)
+    if a.part == "blocks":
+        return run_blocks(a)
 
     steps = a.steps or main_job_steps(a.batch_size)
     rows = plan(a, steps)

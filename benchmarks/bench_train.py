@@ -257,7 +257,8 @@ def main() -> None:
             raise SystemExit(f"{n} samples give too few steps for skip {a.skip} + measure {a.measure}; pass --num-samples")
         settings.update(data_urls=urls, num_samples=n)
         print(f"{a.part}: {a.model}, batch {a.batch_size}, {a.precision}, {a.threads} thread(s), {a.workers} worker(s), "
-              f"{n} samples from {urls}; timed steps {a.skip + 1}..{a.skip + a.measure}, {a.reps} rounds", flush=True)
+              f"{n} samples from {urls}; timed steps {a.skip + 1}..{a.skip + a.measure if a.measure else 'the last'}, "
+              f"{a.reps} rounds", flush=True)
         result = {"ab": part_ab, "modes": part_modes, "ddp": part_ddp}[a.part](a, urls, n)
     suffix = ("" if a.data == "synthetic" or a.part == "loss" else f"_{a.data}") + ("_cached" if a.cached_batches else "")
     out = Path(a.out) if a.out else RESULTS_DIR / f"train_{a.part}{suffix}{'_tiny' if a.tiny else ''}.json"
