@@ -21,14 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from magclip.data import dotted_keys
 from magclip.data.captions import CaptionKey
-from magclip.data.token_memo import TokenMemo
 from magclip.data.shard_start import IMAGE_EXTS
+from magclip.data.token_memo import TokenMemo
 from magclip.data.urls import expand_sources
 
 log = logging.getLogger("magclip.data")

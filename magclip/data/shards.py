@@ -725,7 +725,7 @@ def build_clip_loader(
     all_captions: every caption of a sample in the batch (evaluation; `caption_counts` says how many per
         sample); else one caption per sample, drawn per (seed, epoch, key) where a sample has several.
     decoded_cache: shards already read and decoded (magclip.data.decoded_cache.fill): the same batches, without
-        reading or decoding those shards again, nor tokenizing a caption twice.
+        reading or decoding those shards again, nor (with 0 workers) tokenizing a caption twice.
 
     Deterministic given (seed, epoch, rank) for the sample order; with workers > 0, random
     augmentations in `preprocess` are seeded too, with 0 workers they use the global torch RNG.
@@ -769,7 +769,9 @@ def build_clip_loader(
                         mine, rank, len(flat), world_size, workers, mine)
             workers = mine
 
-    if decoded_cache is not None:  # the same captions every epoch: their tokens are kept beside the samples
+    if decoded_cache is not None and workers == 0:
+        # the same captions every epoch: their tokens are kept beside the samples (a worker's memo would end with
+        # the worker at the epoch's end)
         tokenizer = decoded_cache.tokenizer(tokenizer)
     stream = _RankStream(flat, shard_weights, preprocess=preprocess, tokenizer=tokenizer,
                          batch_size=batch_size,

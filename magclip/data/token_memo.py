@@ -2,7 +2,7 @@
 
 Why: over a training set held by the decoded-sample cache (data/decoded_cache.py) every epoch tokenizes the same
 captions, and the tokenizer is then the largest part of reading a batch (open_clip's: ftfy, regex, BPE in Python;
-30 % of a cached batch of the main job, benchmarks/README.md). A memo gives the same rows bit for bit, because
+~30 % of a cached batch of the main job, benchmarks/README.md). A memo gives the same rows bit for bit, because
 the tokenizers of open_clip and Hugging Face's fixed-length ones pad every text to the same width: a text's row
 does not depend on the batch it came in. A tokenizer whose width varies with the batch (padding to the longest)
 is noticed at its second width and then called directly, the memo cleared.

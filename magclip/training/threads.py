@@ -56,9 +56,9 @@ def choose_loader_workers(configured: int | str, device_type: str, loader_cached
     workers would hold at least half of this process's cores; else AUTO_WORKERS workers.
 
     Why: on a CPU the workers and the step share the cores. Reading a batch from the cache is a small part of a
-    step (the main job: 25 ms for 128 samples on one core, the step 150-215 ms), so a worker holding a whole core
-    for it leaves that core mostly idle, while the step, given the core, runs faster (benchmarks/README.md, "Speed
-    against the floor": +40 % samples/s on 2 cores). On a GPU the step does not use the cores; with many cores
+    step (the main job: 17 ms for 128 samples, 13 % of its floor step), so a worker holding a whole core for it
+    leaves that core mostly idle, while the step, given the core, runs faster (benchmarks/README.md, "Speed
+    against the floor": +38 % samples/s on 2 cores). On a GPU the step does not use the cores; with many cores
     two workers take a small share, and a loader in the training process would add its time to every step."""
     if configured != "auto":
         return int(configured), "data.workers"
