@@ -164,38 +164,25 @@ def engine_stepper(a, steps: int):
     return (lambda i: engine._train_step([batches[i % len(batches)]])["loss"]), {"levers": engine.levers}
 
 
-def floor_child(a) -> None:
+def timed_steps_child(a, row: str, make_stepper) -> None:
+    """`a.steps` calls of the step `make_stepper(a, steps)` builds, timed by the step clock: the floor's and the
+    engine's rows."""
     import torch
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    step, info = floor_stepper(a, a.steps)
+    step, info = make_stepper(a, a.steps)
     clock = StepClock()
     for i in range(a.steps):
         loss = step(i)
     if a.device.startswith("cuda"):
         torch.cuda.synchronize()  # the last step's kernels are done before the clock is read
         clock.times[-1] = time.perf_counter()
-    clock.close()
-    write_json(a.out, {"row": "floor", "threads": torch.get_num_threads(), **info, "batch_size": a.batch_size,
-                       "model": a.model, "final_loss": float(loss),
-                       **steady_rate(clock.times, a.batch_size, a.skip, None), **peak_rss_mb(), **gpu_peak_mb()})
-
-
-def engine_step_child(a) -> None:
-    import torch
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    step, info = engine_stepper(a, a.steps)
-    clock = StepClock()
-    for i in range(a.steps):
-        loss = step(i)
     loss = float(loss)  # one host sync, after the clock's last stamp
     clock.close()
-    write_json(a.out, {"row": "engine step", "threads": torch.get_num_threads(), **info, "batch_size": a.batch_size,
+    write_json(a.out, {"row": row, "threads": torch.get_num_threads(), **info, "batch_size": a.batch_size,
                        "model": a.model, "final_loss": loss, **steady_rate(clock.times, a.batch_size, a.skip, None),
-                       **peak_rss_mb()})
+                       **peak_rss_mb(), **gpu_peak_mb()})
 
 
 def cached_loader_stepper(a, memo: bool):
@@ -333,8 +320,8 @@ def breakdown(summary: dict[str, dict[str, Any]], batch: int) -> list[list[Any]]
               ("the loop around it (logging every 10 steps, tqdm, host syncs, epochs)", "engine step",
                "main job, batches in memory"),
               ("the loader feeding it", "main job, batches in memory", "main job"),
-              ("data.workers auto: the loader in the training process, the cores to the step (main job - "
-               "data.workers=2)", WORKERS_BEFORE, "main job"),
+              (("data.workers auto: the loader in the training process, the cores to the step (main job - "
+                "data.workers=2)"), WORKERS_BEFORE, "main job"),
               ("the decoded-sample cache, both with 2 workers (data.workers=2 - data.cache=false)", CACHE_OFF,
                WORKERS_BEFORE)]
     for what, before, after in stages:
@@ -404,8 +391,9 @@ def main() -> None:
 
     a.threads = a.threads or available_cores()
     if a.child:
-        return {"floor": floor_child, "engine_step": engine_step_child, "mainjob": main_job_child,
-                "blocks": blocks_child}[a.child](a)
+        if a.child in ("floor", "engine_step"):
+            return timed_steps_child(a, a.child.replace("_", " "), floor_stepper if a.child == "floor" else engine_stepper)
+        return {"mainjob": main_job_child, "blocks": blocks_child}[a.child](a)
     if a.part == "blocks":
         return run_blocks(a)
 
