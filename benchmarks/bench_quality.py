@@ -7,6 +7,9 @@ step count and the same seeds, scored by one evaluator that belongs to neither.
     python benchmarks/bench_quality.py --data synthetic                # the main job's recipe
     python benchmarks/bench_quality.py --tiny                          # smoke check: 2 seeds, a few steps
     python benchmarks/bench_quality.py --seeds 9 --reuse-runs          # 3 more seeds; finished runs are kept
+    python benchmarks/bench_quality.py --tag streams1 --magclip-override data.streams=1 --train-only   # magclip's side
+    python benchmarks/bench_quality.py --tag streams1 --magclip-override data.streams=1 --reuse-runs --reuse-open-clip
+                                       # ... then scored against the untagged run's open_clip_train checkpoints
 
 The recipe (emoji): tiny-resnet on the emoji train shards, batch 128, lr 2e-3 with 50 warm-up steps
 and a cosine schedule, weight decay 0.1, AdamW (0.9, 0.98, 1e-6), gradient clip 1.0, fp32, 2 loader
@@ -267,6 +270,10 @@ def main() -> None:
     p.add_argument("--reuse-runs", action="store_true",
                    help="take a run of this work folder that finished with the same command instead of training it "
                         "again (more seeds after a first reading, or a benchmark stopped half-way)")
+    p.add_argument("--train-only", action="store_true",
+                   help="train magclip's runs of every seed and stop (no open_clip_train, no scoring): an ablation's "
+                        "side trained while the untagged benchmark is still running; score it later with --reuse-runs "
+                        "--reuse-open-clip")
     a = p.parse_args()
     if not a.open_clip_python.is_file():
         raise SystemExit(f"SKIP: no open_clip_train environment at {a.open_clip_python}; run bash "
@@ -279,6 +286,13 @@ def main() -> None:
     work = a.work / (a.data + (f"_{a.tag}" if a.tag else "") + ("_tiny" if a.tiny else ""))
     work.mkdir(parents=True, exist_ok=True)
     print(f"{a.data}: {n} samples, {steps} steps per run, {a.seeds} seeds; overrides {a.magclip_override}", flush=True)
+    if a.train_only:
+        for seed in range(a.seeds):
+            cmd = magclip_command(a, recipe, urls, steps, seed, work)
+            trained = trained_once(work / f"magclip_seed{seed}.run.json", cmd, True,
+                                   lambda: run_magclip(a, cmd, steps, seed, work))
+            print(f"seed {seed} magclip: {trained['wall_s']} s, samples/s {trained['samples_per_s']}", flush=True)
+        return
     cells = eval_cells(a, a.data)
     runs = []
     for seed in range(a.seeds):

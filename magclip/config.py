@@ -39,8 +39,8 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvc
 # Every other key changes the experiment (`experiment_differences`): a resume whose config differs
 # from its checkpoint's in one is refused, and a grid's finished cell is stale. Some of these still
 # change what is trained, and a resume says so when they differ (RESUME_CAVEATS): the number of steps
-# (the cosine schedule is recomputed for the new total from the resumed step on), the loader workers
-# (the epoch in progress is read in another sample order) and the speed levers (float rounding).
+# (the cosine schedule is recomputed for the new total from the resumed step on) and the speed levers (float
+# rounding). The loader workers do not: the batches are data.streams's, wherever they are read.
 RESUMABLE_KEYS = (
     "name", "output_dir", "overwrite", "train.resume", "train.epochs", "train.max_steps", "train.log_every",
     "train.val_every", "train.val_at", "train.checkpoint_every", "train.threads", "train.collective_timeout_s",
@@ -53,7 +53,7 @@ RUN_LENGTH_KEYS = ("train.epochs", "train.max_steps")  # resumable, but a finish
 RESUME_CAVEATS = {
     "train.epochs": "the learning-rate schedule is recomputed for the new number of steps",
     "train.max_steps": "the learning-rate schedule is recomputed for the new number of steps",
-    "data.workers": "the epoch in progress is read in another sample order",
+    "data.workers": "the same batches where the workers divide data.streams, else fewer workers are used",
     **{f"train.{k}": "a speed lever: the run continues the same experiment, rounded differently from an unbroken run"
        for k in ("optimizer_impl", "channels_last", "compile", "compile_mode")},
     "loss.logit_scale_from_norms": "a starting point only: the resumed run keeps its checkpoint's scale",
@@ -116,6 +116,9 @@ class DataConfig:
                                       # 5,000; measured against 1,000 in benchmarks/README.md (learning quality)
     workers: int | str = "auto"       # loader worker processes; auto: in the training process where the step runs on
                                       # the CPU from the decoded-sample cache on few cores, else 2 (training/threads.py)
+    streams: int | str = "auto"       # sample streams per rank, each with its own shards and shuffle buffer, batches
+                                      # taken in turn (data/shards.py); auto: 2, or the workers where more. The same
+                                      # batches for any data.workers that divides it: 0, 1 or 2 at auto
     cache: bool | str = "auto"        # keep decoded training samples in memory for the epochs after the first
                                       # (data/decoded_cache.py): auto = when the run reads the shards more than once
                                       # and they fit cache_max_mb; true; false. The same batches either way
@@ -485,6 +488,8 @@ def validate(cfg: Any) -> None:
 def _check_data_loading(data: DataConfig) -> None:
     if data.workers != "auto" and (isinstance(data.workers, bool) or not isinstance(data.workers, int) or data.workers < 0):
         raise ConfigError(f"data.workers={data.workers!r}; allowed: auto or a number >= 0")
+    if data.streams != "auto" and (isinstance(data.streams, bool) or not isinstance(data.streams, int) or data.streams < 1):
+        raise ConfigError(f"data.streams={data.streams!r}; allowed: auto or a number >= 1")
     if data.cache != "auto" and not isinstance(data.cache, bool):
         raise ConfigError(f"data.cache={data.cache!r}; allowed: auto, true, false")
     if data.cache_max_mb is not None and data.cache_max_mb < 0:

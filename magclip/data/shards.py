@@ -61,6 +61,7 @@ from magclip import distributed
 from magclip.data import dotted_keys
 from magclip.data.captions import DEFAULT_CAPTION_KEY, TXT, CaptionKey, choose_caption
 from magclip.data.decoded_cache import DECODED, DecodedCache
+from magclip.data.sample_augment import augment_seeded, sample_seed
 from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
@@ -408,9 +409,11 @@ def sample_meta(sample: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: _Skips,
-            caption_key: CaptionKey, one_caption: Callable[[dict[str, Any]], str] | None):
+            caption_key: CaptionKey, one_caption: Callable[[dict[str, Any]], str] | None,
+            augment_seed: Callable[[str], int] | None = None):
     """Checked, decoded, preprocessed samples. `one_caption` (training) picks the sample's caption of the
-    step; without it (evaluation) every caption stays."""
+    step; without it (evaluation) every caption stays. `augment_seed` (training): a sample's key -> the seed of its
+    augmentation's draws (data/sample_augment.py); without it the transform draws from the global RNGs."""
     for sample in samples:
         folded = dotted_keys.folded_samples(sample, IMAGE_EXTS)
         for stem in folded:
@@ -428,7 +431,9 @@ def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels:
             skips.skip("empty_caption_line", sample.get("__url__"), sample.get("__key__"), "a blank caption entry")
         if one_caption is not None:
             good["captions"] = [one_caption(good)]
-        good["image"] = preprocess(good["image"])  # a failure here is a bug, not bad data: raise
+        # a failure here is a bug, not bad data: raise
+        good["image"] = (preprocess(good["image"]) if augment_seed is None else
+                         augment_seeded(preprocess, good["image"], augment_seed(good["key"])))
         yield good
 
 
@@ -507,13 +512,21 @@ def _grouped_samples(sources: Iterable[dict[str, Any]], skips: _Skips,
 
 
 class _RankStream(IterableDataset):
-    """One rank's batches; iterated inside each DataLoader worker (or in-process for 0 workers)."""
+    """One rank's batches from `streams` sample streams; each DataLoader worker (or the training process, for 0
+    workers) runs the streams congruent to its index modulo the workers.
+
+    A sample stream is what a loader worker was: a share of the rank's shards (every `streams`-th of the pass's
+    order), its own shuffle buffer and seeds, its own batches. The rank's batches take the streams in turn
+    (stream 0, 1, ..., streams - 1, 0, ...), which is also the order in which a DataLoader takes its workers'
+    batches when the workers divide the streams. So the batches, their samples and (with the per-sample
+    augmentation seeds) their crops are the same for 0, 1 or `streams` workers: where the loader runs is a speed
+    choice, not part of the experiment."""
 
     def __init__(self, urls: list[str], shard_weights: list[float] | None, *, preprocess: Callable,
                  tokenizer: Callable, batch_size: int, num_batches: int | None, resampled: bool,
                  shuffle: bool, shuffle_buffer: int, seed: int, rank: int, world_size: int,
                  drop_last: bool, max_image_pixels: int, log_first: int, caption_key: CaptionKey,
-                 all_captions: bool, decoded_cache: DecodedCache | None = None):
+                 all_captions: bool, decoded_cache: DecodedCache | None = None, streams: int = 1):
         self.caption_key, self.all_captions = caption_key, all_captions
         self.decoded_cache = decoded_cache
         self.urls, self.shard_weights = urls, shard_weights
@@ -522,51 +535,70 @@ class _RankStream(IterableDataset):
         self.resampled, self.shuffle, self.shuffle_buffer = resampled, shuffle, shuffle_buffer
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.drop_last, self.max_image_pixels, self.log_first = drop_last, max_image_pixels, log_first
+        self.streams = streams
         self.epoch = 0
         self.count_shard_damage = True
 
-    def _pass(self, rep: int, worker: int, skips: _Skips) -> wds.DataPipeline:
-        if self.resampled:  # every rank and worker draws its own shards: no splitting
+    def _pass(self, rep: int, stream: int, skips: _Skips) -> wds.DataPipeline:
+        if self.resampled:  # every rank and stream draws its own shards: no splitting
             weights = self.shard_weights or [1.0] * len(self.urls)
-            seed = _seed(self.seed, self.epoch, rep, self.rank, worker, "resample")
+            seed = _seed(self.seed, self.epoch, rep, self.rank, stream, "resample")
             stages: list[Any] = [_WeightedShards(self.urls, weights, len(self.urls), seed)]
         else:
             order = epoch_order(self.urls, self.shuffle, self.seed, self.epoch, rep)
             stages = [wds.SimpleShardList(order),
                       partial(_split_by_rank, rank=self.rank, world_size=self.world_size),
-                      wds.split_by_worker]
+                      partial(_split_by_rank, rank=stream, world_size=self.streams)]
         stages.append(partial(_grouped_samples, skips=skips, cache=self.decoded_cache))
         if self.shuffle and self.shuffle_buffer > 1:
-            rng = random.Random(_seed(self.seed, self.epoch, rep, self.rank, worker, "samples"))
+            rng = random.Random(_seed(self.seed, self.epoch, rep, self.rank, stream, "samples"))
             initial = min(self.shuffle_buffer, max(100, self.shuffle_buffer // 4))
             stages.append(wds.shuffle(self.shuffle_buffer, initial=initial, rng=rng))
-        one_caption = None if self.all_captions else partial(_draw_caption, seed=self.seed, epoch=self.epoch)
+        training = not self.all_captions
+        one_caption = partial(_draw_caption, seed=self.seed, epoch=self.epoch) if training else None
+        augment_seed = partial(sample_seed, self.seed, self.epoch, rep) if training else None
         stages.append(partial(_decode, preprocess=self.preprocess, max_pixels=self.max_image_pixels,
-                              skips=skips, caption_key=self.caption_key, one_caption=one_caption))
+                              skips=skips, caption_key=self.caption_key, one_caption=one_caption,
+                              augment_seed=augment_seed))
         return wds.DataPipeline(*stages)
 
-    def _samples(self, worker: int, skips: _Skips) -> Iterator[dict[str, Any]]:
+    def _samples(self, stream: int, skips: _Skips) -> Iterator[dict[str, Any]]:
         for rep in count():
             n = 0
-            for sample in self._pass(rep, worker, skips):
+            for sample in self._pass(rep, stream, skips):
                 n += 1
                 yield sample
             if self.num_batches is None or n == 0:  # one-pass mode, or nothing usable left
                 return
 
+    def _stream_batches(self, stream: int, skips: _Skips) -> Iterator[dict[str, Any]]:
+        keep_partial = self.num_batches is None and not self.drop_last
+        collate = partial(_collate, tokenizer=self.tokenizer, skips=skips)
+        batches = _batched(self._samples(stream, skips), self.batch_size, collate, keep_partial)
+        if self.num_batches is None:
+            return batches
+        share = self.num_batches // self.streams + (stream < self.num_batches % self.streams)
+        return islice(batches, share)  # this stream's share of the rank's batches
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         skips = _Skips(self.log_first, self.count_shard_damage)
-        keep_partial = self.num_batches is None and not self.drop_last
-        collate = partial(_collate, tokenizer=self.tokenizer, skips=skips)
-        batches = _batched(self._samples(worker, skips), self.batch_size, collate, keep_partial)
-        if self.num_batches is not None:  # this worker's share of the rank's batches
-            share = self.num_batches // workers + (worker < self.num_batches % workers)
-            batches = islice(batches, share)
-        yield from batches
+        yield from _in_turn([self._stream_batches(s, skips) for s in range(worker, self.streams, workers)])
         if skips.pending:  # skips after the last batch: report them in a batch-less record
             yield {"images": None, "skipped": skips.take()}
+
+
+def _in_turn(iterators: list[Iterator[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """One item of each iterator in turn, dropping those that end, until all have ended."""
+    active = list(iterators)
+    while active:
+        for it in list(active):
+            item = next(it, None)
+            if item is None:
+                active.remove(it)
+            else:
+                yield item
 
 
 # ----------------------------------------------------------------------------- the loader
@@ -617,10 +649,10 @@ class ShardLoader:
         s = self._stream
         size_of = dict(zip(s.urls, self._sizes))
         mine = epoch_order(s.urls, s.shuffle, s.seed, self.epoch)[rank::s.world_size]
-        k = max(1, min(self.workers, len(mine)))
+        k = max(1, min(s.streams, len(mine)))
         total = 0
-        for w in range(k):
-            n = sum(size_of[u] or 0 for u in mine[w::k])
+        for stream in range(k):
+            n = sum(size_of[u] or 0 for u in mine[stream::k])
             total += n // s.batch_size if s.drop_last else math.ceil(n / s.batch_size)
         return total
 
@@ -650,11 +682,11 @@ class ShardLoader:
                 carry.clear()
             n += 1
             yield item
-        if s.num_batches is not None and n < s.num_batches and self.workers > 1:
-            # a worker ran out of usable data (e.g. its only shard is empty): the others' data makes
+        if s.num_batches is not None and n < s.num_batches and s.streams > 1:
+            # a stream ran out of usable data (e.g. its only shard is empty): the others' data makes
             # up its share, read again in this process from the start of the rank's shards
-            log.warning("rank %d: %d of %d batches from %d workers (a worker had no usable data; skips %s); "
-                        "reading the rank's shards again for the rest", s.rank, n, s.num_batches, self.workers,
+            log.warning("rank %d: %d of %d batches from %d sample streams (a stream had no usable data; skips %s); "
+                        "reading the rank's shards again for the rest", s.rank, n, s.num_batches, s.streams,
                         dict(self.skip_counts))
             for item in self._top_up(s.num_batches - n):
                 if carry:  # the idle worker's skips ride on the first batch that makes up for it
@@ -673,12 +705,21 @@ class ShardLoader:
     def _top_up(self, missing: int) -> Iterator[dict[str, Any]]:
         """Up to `missing` batches of this rank's shards, read in this process."""
         stream = copy.copy(self._stream)
-        stream.num_batches = missing
+        stream.num_batches, stream.streams = missing, 1
         stream.count_shard_damage = False  # the workers counted each damaged shard of this epoch already
         for item in stream:
             self.skip_counts.update(item["skipped"])
             if item["images"] is not None:
                 yield item
+
+
+def _workers_for(streams: int, workers: int) -> int:
+    """The most workers, up to `workers`, that divide `streams` (each worker then runs as many streams)."""
+    usable = max((w for w in range(1, min(workers, streams) + 1) if streams % w == 0), default=0)
+    if usable != workers:
+        log.warning("%d loader workers for %d sample streams: using %d (the workers must divide the streams; "
+                    "data.streams sets them)", workers, streams, usable)
+    return usable
 
 
 def build_clip_loader(
@@ -693,6 +734,7 @@ def build_clip_loader(
     shuffle: bool = True,
     shuffle_buffer: int = 5000,
     workers: int = 0,
+    streams: int | None = None,
     seed: int = 0,
     epoch: int = 0,
     rank: int | None = None,
@@ -715,9 +757,13 @@ def build_clip_loader(
         ('1::2'): every shard of source i is drawn with probability proportional to weights[i];
         needs `resampled=True`.
     resampled: draw shards with replacement (each rank and worker independently).
-    workers: DataLoader worker processes. Without resampling each worker needs its own shards:
-        with fewer shards per rank than workers the worker count is lowered (with a warning);
-        fewer shards than ranks is a ValueError.
+    workers: DataLoader worker processes; each runs the sample streams congruent to its index. Workers
+        that do not divide `streams` are lowered to the largest count that does (with a warning).
+    streams: sample streams of the rank (`_RankStream`: each a share of the rank's shards with its own
+        shuffle buffer, the batches taken from the streams in turn); None: one per worker (at least one).
+        Without resampling each stream needs its own shards: with fewer shards per rank than streams the
+        stream count is lowered (with a warning); fewer shards than ranks is a ValueError. The batches
+        are the same for any `workers` that divides `streams`.
     rank, world_size: default to torch.distributed when initialised, else 0 and 1.
     max_image_pixels: larger images are skipped as `image_too_large` before decoding.
     log_first: skips logged per reason, worker and epoch (all are counted).
@@ -727,15 +773,19 @@ def build_clip_loader(
     decoded_cache: shards already read and decoded (magclip.data.decoded_cache.fill): the same batches, without
         reading or decoding those shards again, nor (with 0 workers) tokenizing a caption twice.
 
-    Deterministic given (seed, epoch, rank) for the sample order; with workers > 0, random
-    augmentations in `preprocess` are seeded too, with 0 workers they use the global torch RNG.
+    Deterministic given (seed, epoch, rank, streams) for the sample order. In training (one caption a sample)
+    each sample's random augmentation in `preprocess` is seeded by (seed, epoch, pass, key), so its crop does
+    not depend on the workers either (data/sample_augment.py).
     """
     rank = distributed.rank() if rank is None else rank
     world_size = distributed.world_size() if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
-    if batch_size < 1 or workers < 0:
-        raise ValueError(f"batch_size must be >= 1 and workers >= 0, got {batch_size}, {workers}")
+    one_per_worker = streams is None
+    streams = max(1, workers) if one_per_worker else streams
+    if batch_size < 1 or workers < 0 or streams < 1:
+        raise ValueError(f"batch_size and streams must be >= 1 and workers >= 0, got {batch_size}, {streams}, "
+                         f"{workers}")
     sources = expand_sources(urls)  # once: the per-source lists weight the sources below
     flat = [u for source in sources for u in source]
     check_shards_exist(flat)
@@ -764,10 +814,11 @@ def build_clip_loader(
             raise ValueError(f"{len(flat)} shards cannot be split over {world_size} ranks: need at least "
                              f"{world_size} shards (or resampled=True)")
         mine = len(range(rank, len(flat), world_size))
-        if workers > mine:
-            log.warning("%d shards for rank %d (of %d shards, %d ranks) cannot feed %d workers: using %d",
-                        mine, rank, len(flat), world_size, workers, mine)
-            workers = mine
+        if streams > mine:
+            log.warning("%d shards for rank %d (of %d shards, %d ranks) cannot feed %d %s: using %d", mine, rank,
+                        len(flat), world_size, streams, "workers" if one_per_worker else "sample streams", mine)
+            streams = mine
+    workers = min(workers, streams) if one_per_worker else _workers_for(streams, workers)
 
     if decoded_cache is not None and workers == 0:
         # the same captions every epoch: their tokens are kept beside the samples (a worker's memo would end with
@@ -779,7 +830,7 @@ def build_clip_loader(
                          shuffle_buffer=shuffle_buffer, seed=seed, rank=rank, world_size=world_size,
                          drop_last=drop_last, max_image_pixels=max_image_pixels, log_first=log_first,
                          caption_key=CaptionKey(caption_key) if isinstance(caption_key, str) else caption_key,
-                         all_captions=all_captions, decoded_cache=decoded_cache)
+                         all_captions=all_captions, decoded_cache=decoded_cache, streams=streams)
     loader = ShardLoader(stream, workers=workers, num_samples=known, epoch=epoch, shard_sizes=sizes,
                          seed=seed)
     if num_batches is None and world_size > 1:

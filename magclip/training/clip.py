@@ -53,7 +53,7 @@ from magclip.training.run import (
     write_run_config,
 )
 from magclip.training.sharding import evaluation_precision, evaluation_share
-from magclip.training.threads import choose_loader_workers, use_threads
+from magclip.training.threads import choose_loader_workers, choose_streams, use_threads
 
 log = logging.getLogger("magclip.clip")
 
@@ -213,12 +213,13 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
 
     decoded = None  # the decoded-sample cache, filled below once the run's length is known
     workers = 0  # the loader workers: data.workers's rule decides once the cache is (the count of batches is not theirs)
+    streams = choose_streams(cfg.data.streams, cfg.data.workers)  # what the batches are: not the workers' choice
 
     def make_loader(epoch: int):
         return build_clip_loader(train_urls, preprocess=train_transform, tokenizer=bundle.tokenizer,
                                  batch_size=cfg.train.batch_size, num_samples=num_samples, weights=cfg.data.train_weights,
                                  resampled=cfg.data.resampled, shuffle=True, shuffle_buffer=cfg.data.shuffle_buffer,
-                                 workers=workers, seed=cfg.train.seed, epoch=epoch,
+                                 workers=workers, streams=streams, seed=cfg.train.seed, epoch=epoch,
                                  rank=accelerator.process_index, world_size=accelerator.num_processes,
                                  caption_key=cfg.data.caption_key, decoded_cache=decoded)
 
@@ -282,7 +283,8 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                     run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
     engine.levers["decoded_cache"] = cache_note
     engine.levers["loader_workers"] = f"{workers} ({workers_note})"
-    log.info("decoded-sample cache: %s; loader workers: %d (%s)", cache_note, workers, workers_note)
+    log.info("decoded-sample cache: %s; loader workers: %d (%s); sample streams: %d (data.streams=%s; the batches "
+             "are theirs, wherever they are read)", cache_note, workers, workers_note, streams, cfg.data.streams)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()

@@ -74,6 +74,20 @@ def choose_loader_workers(configured: int | str, device_type: str, loader_cached
                "the step")
 
 
+DEFAULT_STREAMS = 2  # sample streams per rank under `data.streams: auto` (data/shards.py, _RankStream)
+
+
+def choose_streams(configured: int | str, configured_workers: int | str) -> int:
+    """Sample streams per rank by `data.streams`: a number as it is; `auto` DEFAULT_STREAMS, or the configured
+    workers where more (each worker then runs one stream). Decided from the configuration alone, before the
+    workers' rule, so that the batches do not depend on where the loader runs: `data.workers: auto` picks 0 or
+    AUTO_WORKERS, both of which divide DEFAULT_STREAMS."""
+    if configured != "auto":
+        return int(configured)
+    workers = AUTO_WORKERS if configured_workers == "auto" else int(configured_workers)
+    return max(DEFAULT_STREAMS, workers)
+
+
 def use_threads(configured: int | None, loader_workers: int) -> int:
     """Set torch's intra-op threads for this process by `choose_threads` and log the choice."""
     import torch
