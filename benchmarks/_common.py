@@ -117,7 +117,7 @@ def jpeg224_urls(count: int = 12000, per_shard: int = 1000) -> tuple[str, int] |
     import numpy as np
     from PIL import Image
 
-    from magclip.data.shards import iter_tar_samples
+    from magclip.data.shard_reader import iter_tar_samples
 
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)

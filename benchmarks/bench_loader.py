@@ -92,7 +92,7 @@ def _decoded_cache(urls: str):
     """The trainer's decoded-sample cache of these shards (magclip.data.decoded_cache), as data.cache fills it."""
     from magclip.data import decoded_cache
     from magclip.data.captions import CaptionKey
-    from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS
+    from magclip.data.shard_reader import DEFAULT_MAX_IMAGE_PIXELS
 
     return decoded_cache.fill(urls, max_pixels=DEFAULT_MAX_IMAGE_PIXELS, caption_key=CaptionKey("txt"),
                               budget_mb=decoded_cache.default_budget_mb())

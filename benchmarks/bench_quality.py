@@ -151,7 +151,7 @@ def eval_cells(a, data: str) -> dict[str, dict[str, Any]]:
 
     from collections import Counter
 
-    from magclip.data.shards import iter_tar_samples
+    from magclip.data.shard_reader import iter_tar_samples
     from magclip.data.urls import check_sources_exist
     from magclip.models.clip import create_clip
 

@@ -3,7 +3,7 @@
 Why: on a training set that fits memory the loader's work per epoch is mostly Python tar parsing, grouping
 and image decoding, repeated identically every epoch, on the cores the training step needs (the main job's
 profile: benchmarks/README.md). The cache holds, per shard, what the reader's stages give (the grouped samples)
-with each sample's check and decode already done (`shards.check_sample`: the RGB image before augmentation, the
+with each sample's check and decode already done (`shard_reader.check_sample`: the RGB image before augmentation, the
 captions, KEY.json, or the skip reason). Everything after -- shard order, rank and worker split, shuffle buffer,
 augmentation, caption draw, tokenizer, collation -- runs as before, so the batches are the same, bit for bit,
 and so are the skip counts. A shard with damage (unreadable, corrupt, a member webdataset cannot group, a
@@ -27,6 +27,7 @@ from typing import Any
 
 from magclip.data import dotted_keys
 from magclip.data.captions import CaptionKey
+from magclip.data.shard_reader import SkipCounter, check_sample, read_grouped
 from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.token_memo import TokenMemo
 from magclip.data.urls import expand_sources
@@ -106,9 +107,8 @@ def _cached_shard(url: str, max_pixels: int, caption_key: CaptionKey,
                   room: int) -> tuple[list[dict[str, Any]] | None, int]:
     """(the shard's grouped samples with their decode, bytes) or (None, 0) when the shard has damage; raises
     _OverBudget as soon as its samples take more than `room` bytes."""
-    from magclip.data.shards import _Skips, check_sample, read_grouped
 
-    skips = _Skips(log_first=0)
+    skips = SkipCounter(log_first=0)
     out, nbytes = [], 0
     for sample in read_grouped([{"url": url}], skips):
         if dotted_keys.folded_samples(sample, IMAGE_EXTS):

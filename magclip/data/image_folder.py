@@ -132,7 +132,7 @@ def read_image_batches(paths: Sequence[str], preprocess: Callable, batch_size: i
     `max_image_pixels`: default the shard reader's. The one reader of image files (image folders, Karpathy)."""
     from torch.utils.data import DataLoader
 
-    from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, LOG_FIRST_SKIPS
+    from magclip.data.shard_reader import DEFAULT_MAX_IMAGE_PIXELS, LOG_FIRST_SKIPS
 
     read = ImageReader([(str(p), i) for i, p in enumerate(paths)], preprocess,
                        max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
@@ -166,7 +166,7 @@ class ImageReader:
         return len(self.samples)
 
     def __getitem__(self, i: int) -> tuple[int, Any, str, str]:
-        from magclip.data.shards import load_image
+        from magclip.data.shard_reader import load_image
 
         try:
             data = Path(self.samples[i][0]).read_bytes()

@@ -32,7 +32,8 @@ from magclip.data.captioned_images import CaptionedImages
 from magclip.data.captions import TXT, CaptionKey
 from magclip.data.classes import ClassSet
 from magclip.data.image_folder import ImageFolderSet
-from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, check_sample, iter_tar_samples
+from magclip.data.shard_reader import DEFAULT_MAX_IMAGE_PIXELS, check_sample, iter_tar_samples
+from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_sources_exist
 from magclip.evaluation.checkpoint import EvalModel
 from magclip.evaluation.clip import encode_loader

@@ -21,7 +21,8 @@ from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_retrieval_set
 from magclip.data.captions import CaptionKey
 from magclip.data.decoded_cache import DecodedCache, cache_wanted, default_budget_mb
 from magclip.data.decoded_cache import fill as fill_decoded_cache
-from magclip.data.shards import DEFAULT_MAX_IMAGE_PIXELS, build_clip_loader, count_samples
+from magclip.data.shard_reader import DEFAULT_MAX_IMAGE_PIXELS
+from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
 from magclip.evaluation.checkpoint import pretrained_weights
 from magclip.evaluation.clip import evaluate_retrieval

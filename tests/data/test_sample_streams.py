@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,7 +87,7 @@ def test_crops_are_seeded_per_sample_and_leave_the_global_rngs(urls):
     # two epochs of the same sample draw different crops; the seed is the sample's, not the batch position's
     assert sample_seed(7, 0, 0, "k") != sample_seed(7, 1, 0, "k") != sample_seed(7, 0, 1, "k")
     image = T.ToPILImage()(torch.rand(3, 12, 12))
-    crop = lambda s: augment_seeded(PRE, image, s)  # noqa: E731
+    crop = lambda s: augment_seeded(PRE, image, s)
     assert torch.equal(crop(3), crop(3)) and not all(torch.equal(crop(3), crop(s)) for s in range(4, 12))
 
 

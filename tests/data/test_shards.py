@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from magclip.data.shards import NoUsableDataError, build_clip_loader, count_samples, iter_tar_samples
+from magclip.data.shard_reader import iter_tar_samples
+from magclip.data.shards import NoUsableDataError, build_clip_loader, count_samples
 from magclip.data.urls import PipeFailedError, check_pipes_start, check_sources_exist
 from builders import good, png, write_tar
 
