@@ -255,6 +255,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", choices=sorted(RECIPES), default="emoji")
     p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="train from this seed on (a second copy of the benchmark taking the last seeds on a machine "
+                        "with cores to spare; the scoring pass then takes every seed with --reuse-runs)")
     p.add_argument("--model", default="tiny-resnet")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -287,7 +290,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"{a.data}: {n} samples, {steps} steps per run, {a.seeds} seeds; overrides {a.magclip_override}", flush=True)
     if a.train_only:
-        for seed in range(a.seeds):
+        for seed in range(a.first_seed, a.seeds):
             cmd = magclip_command(a, recipe, urls, steps, seed, work)
             trained = trained_once(work / f"magclip_seed{seed}.run.json", cmd, True,
                                    lambda: run_magclip(a, cmd, steps, seed, work))
@@ -295,7 +298,7 @@ def main() -> None:
         return
     cells = eval_cells(a, a.data)
     runs = []
-    for seed in range(a.seeds):
+    for seed in range(a.first_seed, a.seeds):
         order = ("magclip", "open_clip_train") if seed % 2 == 0 else ("open_clip_train", "magclip")
         run: dict[str, Any] = {"seed": seed}
         for who in order:

@@ -5,9 +5,12 @@ In a loader worker those are the worker's, seeded by the DataLoader; in the trai
 so a sample's crop depended on where the loader ran, on how many workers there were and on what the step drew
 before it. Seeding each sample's draws by what identifies it makes its crop the same wherever it is decoded: any
 `data.workers`, the cache on or off, a resume in the middle of an epoch. The global RNGs are left as they were
-(torch's fork_rng, Python's and numpy's states put back), so the step's own draws (dropout, init) do not move.
+(their states put back), so the step's own draws (dropout, init) do not move.
 
-Cost: a seed and a state swap per sample, ~20 µs (a cached batch of the main job is ~17 ms for 128 samples).
+Which RNGs: torchvision's transforms draw from torch's default CPU generator only; a transform made only of those
+(and of open_clip's steps that draw nothing) gets torch's seeded alone, ~2 µs a sample. Any other step (timm's,
+open_clip's colour jitter, a user's) may draw from Python's `random` or numpy's too: those are seeded and put back
+as well (~250 µs a sample, numpy's state swap most of it). Measured by benchmarks/bench_augment_seed.py.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
+# steps known to draw nothing, outside torchvision (whose transforms draw from torch's generator only)
+NO_DRAWS = {"open_clip.transform.MaybeConvertMode", "open_clip.transform.MaybeToTensor",
+            "open_clip.transform.CenterCropOrPad", "open_clip.transform._convert_to_rgb"}
+
 
 def sample_seed(seed: int, epoch: int, rep: int, key: str) -> int:
     """A 63-bit seed for one sample's augmentation in one pass of one epoch; stable across processes and hosts."""
@@ -27,15 +34,40 @@ def sample_seed(seed: int, epoch: int, rep: int, key: str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def augment_seeded(transform: Callable[[Any], Any], image: Any, seed: int) -> Any:
-    """`transform(image)` with torch's, Python's and numpy's global RNGs seeded by `seed`, then put back."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+def _qualified(step: Any) -> str:
+    kind = step if callable(step) and hasattr(step, "__qualname__") else type(step)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def torch_draws_only(transform: Callable) -> bool:
+    """Whether every step of `transform` (a Compose, or one transform) draws from torch's generator or nothing."""
+    steps = getattr(transform, "transforms", [transform])
+    return all(_qualified(s).startswith("torchvision.") or _qualified(s) in NO_DRAWS for s in steps)
+
+
+class SeededAugment:
+    """`transform` called with its random draws seeded per call: `SeededAugment(t)(image, seed)`."""
+
+    def __init__(self, transform: Callable[[Any], Any]):
+        self.transform = transform
+        self.torch_only = torch_draws_only(transform)
+
+    def __call__(self, image: Any, seed: int) -> Any:
+        generator = torch.default_generator
+        torch_state = generator.get_state()
+        if self.torch_only:
+            try:
+                generator.manual_seed(seed)
+                return self.transform(image)
+            finally:
+                generator.set_state(torch_state)
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            generator.manual_seed(seed)
             random.seed(seed)
             np.random.seed(seed % 2**32)
-            return transform(image)
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
+            return self.transform(image)
+        finally:
+            generator.set_state(torch_state)
+            random.setstate(py_state)
+            np.random.set_state(np_state)

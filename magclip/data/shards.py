@@ -57,7 +57,7 @@ from magclip import distributed
 from magclip.data import dotted_keys
 from magclip.data.captions import TXT, CaptionKey, choose_caption
 from magclip.data.decoded_cache import DECODED, DecodedCache
-from magclip.data.sample_augment import augment_seeded, sample_seed
+from magclip.data.sample_augment import SeededAugment, sample_seed
 from magclip.data.shard_reader import (
     DEFAULT_MAX_IMAGE_PIXELS,
     LOG_FIRST_SKIPS,
@@ -225,10 +225,11 @@ class NoUsableDataError(ValueError):
 
 def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels: int, skips: SkipCounter,
             caption_key: CaptionKey, one_caption: Callable[[dict[str, Any]], str] | None,
-            augment_seed: Callable[[str], int] | None = None):
+            augment: Callable[[Image.Image, str], Any] | None = None):
     """Checked, decoded, preprocessed samples. `one_caption` (training) picks the sample's caption of the
-    step; without it (evaluation) every caption stays. `augment_seed` (training): a sample's key -> the seed of its
-    augmentation's draws (data/sample_augment.py); without it the transform draws from the global RNGs."""
+    step; without it (evaluation) every caption stays. `augment` (training): (image, key) -> the transformed image,
+    its random draws seeded by the key (data/sample_augment.py); without it `preprocess`, drawing from the global
+    RNGs."""
     for sample in samples:
         folded = dotted_keys.folded_samples(sample, IMAGE_EXTS)
         for stem in folded:
@@ -247,8 +248,7 @@ def _decode(samples: Iterable[dict[str, Any]], preprocess: Callable, max_pixels:
         if one_caption is not None:
             good["captions"] = [one_caption(good)]
         # a failure here is a bug, not bad data: raise
-        good["image"] = (preprocess(good["image"]) if augment_seed is None else
-                         augment_seeded(preprocess, good["image"], augment_seed(good["key"])))
+        good["image"] = preprocess(good["image"]) if augment is None else augment(good["image"], good["key"])
         yield good
 
 
@@ -302,6 +302,11 @@ class _WeightedShards(IterableDataset):
             yield {"url": url}
 
 
+def _seeded_sample(seeded: SeededAugment, seed: int, epoch: int, rep: int, image: Image.Image, key: str) -> Any:
+    """A training sample's transform, its random draws seeded by (seed, epoch, pass, key)."""
+    return seeded(image, sample_seed(seed, epoch, rep, key))
+
+
 def _draw_caption(sample: dict[str, Any], seed: int, epoch: int) -> str:
     return choose_caption(sample["captions"], seed, epoch, sample["key"])
 
@@ -351,6 +356,7 @@ class _RankStream(IterableDataset):
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.drop_last, self.max_image_pixels, self.log_first = drop_last, max_image_pixels, log_first
         self.streams = streams
+        self.seeded = SeededAugment(preprocess)
         self.epoch = 0
         self.count_shard_damage = True
 
@@ -371,10 +377,9 @@ class _RankStream(IterableDataset):
             stages.append(wds.shuffle(self.shuffle_buffer, initial=initial, rng=rng))
         training = not self.all_captions
         one_caption = partial(_draw_caption, seed=self.seed, epoch=self.epoch) if training else None
-        augment_seed = partial(sample_seed, self.seed, self.epoch, rep) if training else None
+        augment = partial(_seeded_sample, self.seeded, self.seed, self.epoch, rep) if training else None
         stages.append(partial(_decode, preprocess=self.preprocess, max_pixels=self.max_image_pixels,
-                              skips=skips, caption_key=self.caption_key, one_caption=one_caption,
-                              augment_seed=augment_seed))
+                              skips=skips, caption_key=self.caption_key, one_caption=one_caption, augment=augment))
         return wds.DataPipeline(*stages)
 
     def _samples(self, stream: int, skips: SkipCounter) -> Iterator[dict[str, Any]]:

@@ -15,7 +15,7 @@ from torchvision import transforms as T
 
 from magclip.data import decoded_cache
 from magclip.data.captions import CaptionKey
-from magclip.data.sample_augment import augment_seeded, sample_seed
+from magclip.data.sample_augment import SeededAugment, sample_seed, torch_draws_only
 from magclip.data.shards import build_clip_loader
 from builders import good, write_tar
 
@@ -87,8 +87,25 @@ def test_crops_are_seeded_per_sample_and_leave_the_global_rngs(urls):
     # two epochs of the same sample draw different crops; the seed is the sample's, not the batch position's
     assert sample_seed(7, 0, 0, "k") != sample_seed(7, 1, 0, "k") != sample_seed(7, 0, 1, "k")
     image = T.ToPILImage()(torch.rand(3, 12, 12))
-    crop = lambda s: augment_seeded(PRE, image, s)
-    assert torch.equal(crop(3), crop(3)) and not all(torch.equal(crop(3), crop(s)) for s in range(4, 12))
+    crop = SeededAugment(PRE)
+    assert crop.torch_only and torch.equal(crop(image, 3), crop(image, 3))
+    assert not all(torch.equal(crop(image, 3), crop(image, s)) for s in range(4, 12))
+
+
+def test_a_step_outside_torchvision_gets_every_rng_seeded():
+    """A step that may draw from Python's or numpy's generator (timm's, a user's): those are seeded and put back too."""
+    def jitter(image):
+        return image.point(lambda v: min(255, v + random.randint(0, 50) + int(np.random.randint(0, 50))))
+
+    image = T.ToPILImage()(torch.rand(3, 12, 12))
+    with_jitter = T.Compose([T.RandomResizedCrop(8), jitter, T.PILToTensor()])
+    assert torch_draws_only(PRE) and not torch_draws_only(with_jitter)
+    seeded = SeededAugment(with_jitter)
+    random.seed(1)
+    np.random.seed(1)
+    before = (random.getstate(), np.random.get_state()[1].copy())
+    assert torch.equal(seeded(image, 9), seeded(image, 9))
+    assert random.getstate() == before[0] and np.array_equal(np.random.get_state()[1], before[1])
 
 
 def test_workers_that_do_not_divide_the_streams_are_lowered(urls, caplog):
