@@ -1,26 +1,30 @@
 """webdataset pipelines for image-text shards (img2dataset layout: KEY.{jpg,jpeg,png,webp} + KEY.txt).
 
-One rank's pipeline, built from webdataset's own stages inside each loader worker:
+One rank's pipeline, built from webdataset's own stages, once per sample stream (`_RankStream`: the rank's
+batches come from `streams` streams in turn, each run by the loader worker congruent to it, or in the training
+process; the same batches for any worker count that divides the streams):
 
     shard list   all sources' shards; deterministic shuffle per (seed, epoch, pass), or weighted
-                 resampling with replacement per (seed, epoch, pass, rank, worker)
-    split        by rank (explicit rank/world, no process group needed), then wds.split_by_worker
+                 resampling with replacement per (seed, epoch, pass, rank, stream)
+    split        by rank (explicit rank/world, no process group needed), then by stream
     read         wds url_opener -> tar members -> wds group_by_keys (samples never span shards), or the
                  shard's samples already read and decoded (data/decoded_cache.py, later epochs)
     shuffle      wds.shuffle buffer over raw bytes (5,000 samples by default, as open_clip_train; the
-                 first batch waits for a quarter of it), seeded per rank/worker/pass
-    decode       validate, decode, preprocess; bad samples are skipped and counted by reason
+                 first batch waits for a quarter of it), seeded per rank/stream/pass
+    decode       validate, decode (data/shard_reader.py), preprocess, in training with each sample's random
+                 draws seeded by (seed, epoch, pass, key) (data/sample_augment.py); bad samples are skipped and
+                 counted by reason
     batch        batches without lookahead, the tokenizer as part of the collation
 
 Epoch length. With `num_samples`, every rank yields exactly `num_samples // (batch_size *
-world_size)` full batches: a worker whose shards run out starts another pass over them (open_clip's
+world_size)` full batches: a stream whose shards run out starts another pass over them (open_clip's
 `with_epoch` semantics), so distributed all-gathers never wait on a rank that ran dry. With
 `num_samples=None` (not resampled) the loader makes one pass over this rank's shards, keeping a
 last partial batch unless `drop_last`; this is what evaluation wants, but ranks can then yield
 different batch counts, so use `num_samples` for distributed training.
 
 Bad data never stops a run and never disappears silently: each skip is counted under a reason
-(`SKIP_REASONS`), logged (first few per reason per worker and epoch) on the `magclip.data`
+(`shard_reader.SKIP_REASONS`), logged (first few per reason per worker and epoch) on the `magclip.data`
 logger with shard URL and key, reported per batch in `batch["skipped"]` and summed in
 `ShardLoader.skip_counts`. `corrupt_tar` and `unreadable_shard` count shards, not samples (how
 many samples a broken tar held is unknown); every other reason counts samples.
@@ -70,7 +74,6 @@ from magclip.data.shard_start import IMAGE_EXTS
 from magclip.data.urls import check_shards_exist, check_sources_exist, expand_sources, local_path
 
 log = logging.getLogger("magclip.data")
-
 
 
 # ----------------------------------------------------------------------------- urls and sizes
