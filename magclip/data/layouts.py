@@ -12,6 +12,7 @@ record or file that matches no layout is refused in one line that lists the layo
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,14 @@ LAYOUTS: tuple[Layout, ...] = (
     PAIRS_NAMED, PAIRS_DPR, PAIRS_TEVATRON, PAIRS_BY_ORDER, PAIRS_TSV_HEADER, PAIRS_MSMARCO_TRIPLES,
     FOLDER_BEIR, FOLDER_MTEB, FOLDER_MSMARCO,
 )
+
+
+# the named pair layout's names (sentence-transformers' columns)
+QUERY_KEYS = ("query", "anchor")
+POSITIVE_KEYS = ("positive", "positives")
+NEGATIVE_KEY = re.compile(r"negatives?(_\d+)?")          # negatives, negative, negative_1 .. negative_n
+# what sentence-transformers' data collator leaves out of the texts: label columns and the dataset's name
+NOT_TEXT_KEYS = ("label", "labels", "score", "scores", "dataset_name")
 
 
 def layouts_of(kind: str) -> tuple[Layout, ...]:

@@ -56,6 +56,16 @@ def is_json_lines(path: Path) -> bool:
     return head.startswith("{")
 
 
+def is_json_array(path: Path) -> bool:
+    """A .json file holding one array of records (DPR's nq-train.json), read with `json.load` by name."""
+    if not path.name.endswith((".json", ".json.gz")):
+        return False
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith("[")
+
+
 def refuse_format(path: Path) -> ValueError:
     return ValueError(f"{path}: not a training file format magclip reads; it reads {FORMATS_READ}")
 
