@@ -8,6 +8,7 @@ magclip reads in order are those sentence-transformers' own data collator feeds 
 """
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -82,9 +83,12 @@ def test_every_format_reads_the_same_pairs_as_sentence_transformers_sees_them(tm
         assert description.startswith(expected), (kind, description, roles)
 
 
-def test_a_dataset_dict_is_read_at_its_split_or_refused_naming_its_splits(tmp_path):
+def test_a_dataset_dict_is_read_at_its_split_or_refused_naming_its_splits(tmp_path, caplog):
     paths = write_all(NAMED, tmp_path)
-    assert len(read_pairs(paths["saved_dict"], split="dev")[0]) == 1
+    with caplog.at_level(logging.WARNING, logger="magclip.data"):
+        assert len(read_pairs(paths["saved_dict"], split="dev")[0]) == 1
+    # the split read and the ones left, each with its rows (issue 61: the other split went unnamed)
+    assert "a DatasetDict; its split 'dev' is read (1 rows), not 'train' (4 rows)" in caplog.text
     with pytest.raises(ValueError) as err:
         read_pairs(paths["saved_dict"], split="validation")
     message = str(err.value)
