@@ -58,10 +58,16 @@ from torch.distributed.fsdp import FSDPModule
 from magclip.config import POOLINGS
 from magclip.distributed import ONE_PROCESS, Share
 from magclip.io import atomic_write_json, load_error
-from magclip.models.st_similarity import folder_scorer
-from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 from magclip.models import build
 from magclip.models.length_groups import GROUP_COST_TOKENS, encode_in_length_groups
+from magclip.models.st_similarity import folder_scorer
+from magclip.models.static import (
+    STATIC_KIND,
+    StaticTower,
+    load_static_tower,
+    saved_max_tokens,
+    static_tokenizer,
+)
 
 log = logging.getLogger("magclip.text")
 
@@ -808,9 +814,10 @@ def _router_routes(folder: Path) -> dict[str, STLayout]:
 
 
 def _route_settings(folder: Path, layout: STLayout) -> dict[str, Any]:
-    """Pooling and max length of one pipeline: a StaticEmbedding means over all its tokens, untruncated."""
+    """Pooling and max length of one pipeline: a StaticEmbedding means over its tokens, cut where its saved
+    tokenizer cuts (uncut when it does not), as its encode does."""
     if layout.static:
-        return {"pooling": "mean", "max_length": NO_LIMIT}
+        return {"pooling": "mean", "max_length": saved_max_tokens(folder / layout.transformer)}
     sbert = folder / layout.transformer / "sentence_bert_config.json"
     sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
     return {"pooling": _pooling_mode(folder, layout.pooling),
