@@ -80,7 +80,7 @@ def check_folder(folder: str | Path, split: str) -> tuple[list[Path], list[Path]
     """(corpus, queries, qrels) files, or a FileNotFoundError naming what the folder lacks."""
     folder = Path(folder)
     if not folder.exists():
-        raise FileNotFoundError(f"retrieval folder not found: {folder}")
+        raise FileNotFoundError(f"BEIR folder not found: {folder}")
     found = (corpus_files(folder), queries_files(folder, split), qrels_files(folder, split))
     for role, files, looked in zip(("corpus", "queries", f"qrels of split {split!r}"), found, (
             f"{folder / 'corpus.jsonl'}, corpus.jsonl.gz, corpus.parquet, corpus/*.parquet, collection.tsv",
