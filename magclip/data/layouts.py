@@ -110,7 +110,7 @@ def no_layout(path: str | Path, kind: str, what: str) -> ValueError:
 
 def announce(path: str | Path, layout: Layout, mapping: str, rows: int) -> None:
     """Say once, at WARNING, that a file was read by position, with the mapping and the row count."""
-    log.warning("%s: read as %s (as %s reads it), by position: %s; %d rows", path, layout.name, layout.peer,
+    log.warning("%s: read as %s, as %s reads it, by position: %s; %d rows", path, layout.name, layout.peer,
                 mapping, rows)
 
 

@@ -1,29 +1,34 @@
 """Text pairs for retrieval training: records {query, positive, negatives} from the field's files.
 
-Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file; a table as sentence-transformers users hold it,
-read with `datasets` (magclip/data/tables.py: a `save_to_disk` folder, a DatasetDict at `split`,
-`.parquet`, `.csv`, `.tsv`, `.json`, `.gz` compressed or not); a folder (every such file in it, sorted);
-webdataset-style tar shards whose `KEY.json` members are records (brace patterns such as
-`pairs-{000000..000003}.tar` expand); or several of these joined by '::'. Anything else is refused in
-one line naming the file and the formats read. A table's rows follow the same column rules as JSON lines.
+Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file; a `.json` array (DPR's nq-train.json, read with
+`json.load`); a `.tsv` (magclip/data/tsv_pairs.py: unquoted, as MS MARCO's and BEIR's); a table as
+sentence-transformers users hold it, read with `datasets` (magclip/data/tables.py: a `save_to_disk`
+folder, a DatasetDict at `split`, `.parquet`, `.csv`, `.gz` compressed or not); a folder (every such
+file in it, sorted); webdataset-style tar shards whose `KEY.json` members are records (brace patterns
+such as `pairs-{000000..000003}.tar` expand); or several of these joined by '::'. Anything else is
+refused in one line naming the file and the formats read.
 
-Columns (`record_columns`), the field's names: a record that names its query (`query`, or `anchor` as
-sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string or a list,
-one drawn per epoch) is read by name; hard negatives, all optional and taken together in the record's
-key order, are `negatives` (a list), `negative` and `negative_1` .. `negative_n` (sentence-transformers'
-triplet and n-tuple columns); other keys (ids, metadata) are ignored. A record that does not name both
-is read by sentence-transformers' dataset convention, where names do not matter and order does: first
-column the anchor (query), second the positive, the rest negatives (`label`, `labels`, `score`,
-`scores` and `dataset_name` are not texts and are left out), e.g. {query, answer} or {question,
-answer}. Refused, naming the file and the record: a role named twice (`query` and `anchor`,
-`positive` and `positives`), a name its position contradicts (`negative` where the order puts the
-positive), an id-like column where the order would read it as text. Which keys gave the query,
-positive and negatives is logged per file and kept (`PairsRead.columns`; a training run's
+Columns (`record_columns`), by the layouts of magclip/data/layouts.py: DPR's record (`question`,
+`positive_ctxs`, `hard_negative_ctxs`) and tevatron's (`query`, `positive_passages`,
+`negative_passages`), each passage as BEIR's title + " " + text; a record that names its query (`query`,
+or `anchor` as sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string
+or a list, one drawn per epoch) is read by name; hard negatives, all optional and taken together in the
+record's key order, are `negatives` (a list), `negative` and `negative_1` .. `negative_n`
+(sentence-transformers' triplet and n-tuple columns); other keys (ids, metadata) are ignored. A JSON
+record (JSON lines, a JSON array, a tar's KEY.json) is read by its names only, never by its key order:
+one that fits no layout refuses the file in one line listing the layouts read. A table's row (parquet,
+csv, save_to_disk) that names neither is read by sentence-transformers' dataset convention, where the
+table's column order defines the roles: first column the anchor (query), second the positive, the rest
+negatives (`label`, `labels`, `score`, `scores` and `dataset_name` are not texts and are left out), e.g.
+{query, answer} or {question, answer}. Refused, naming the file and the record: a role named twice
+(`query` and `anchor`, `positive` and `positives`), a name its position contradicts (`negative` where
+the order puts the positive), an id-like column where the order would read it as text. Which keys gave
+the query, positive and negatives is logged per file and kept (`PairsRead.columns`; a training run's
 results.json holds it as `train_columns`).
 
-A record without a query or a positive, or a line that is not a JSON object, is skipped, counted by
-reason and reported; it never stops the run. A file from which no usable record remains is refused in
-one line naming the file and the keys found.
+A record without a query or a positive, a line that is not a JSON object, or a TSV line of another width,
+is skipped, counted by reason and reported; it never stops the run. A file from which no usable record
+remains is refused in one line naming the file and the keys found.
 
 `PairBatches` yields this rank's micro-batches of one epoch: a seeded permutation of all records
 (the same on every rank), cut into global batches of batch_size x world_size; rank r takes the r-th
