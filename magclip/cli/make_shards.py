@@ -5,6 +5,11 @@
         --prefix train
     python tools/make_shards.py . train.csv shards/ --separator "\\t"   # open_clip's tab-separated .csv
     python tools/make_shards.py imgs/ excel.csv out/ --encoding cp1252 --overwrite
+    python tools/make_shards.py train.parquet out/       # a datasets.Image column + a caption column
+
+An image-caption parquet (the hub's CLIP sets: a `datasets.Image` column and `caption`/`title`/`text`)
+is converted on its own, two arguments: its images are copied byte for byte, so the shards decode to
+the pixels `datasets` decodes (magclip/data/image_parquet.py).
 
 The table is CSV/TSV with a header (read as pandas.read_csv reads it: quoted captions may hold the
 separator, quotes and newlines; UTF-8 with or without a BOM) or JSONL, one row per (image, caption);
@@ -22,17 +27,20 @@ the end, so an interrupted run leaves the old shards as they were.
 
 import argparse
 import logging
+from pathlib import Path
 
 from magclip.cli import as_command
 from magclip.data.convert import DEFAULT_ENCODING, convert_to_shards
+from magclip.data.image_parquet import convert_image_table
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("images_dir", help="folder the table's file paths are relative to")
+    parser.add_argument("images_dir", help="folder the table's file paths are relative to (or an image-caption "
+                                           ".parquet, then followed by out_dir only)")
     parser.add_argument("captions_file", help=".csv, .tsv, .txt or .jsonl with a file and a caption per row")
-    parser.add_argument("out_dir", help="where the shards and sizes.json go (a new or empty folder)")
+    parser.add_argument("out_dir", nargs="?", help="where the shards and sizes.json go (a new or empty folder)")
     parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
     parser.add_argument("--prefix", default="shard", help="shard name prefix")
     parser.add_argument("--image-column", "--file-column", "--csv-img-key", dest="image_column", default=None,
@@ -49,6 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-verify", action="store_true", help="don't decode images to check them")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if Path(args.images_dir).suffix == ".parquet":
+        if args.out_dir is not None:
+            parser.error(f"{args.images_dir} is an image-caption parquet: give it and the output folder only")
+        convert_image_table(args.images_dir, args.captions_file, args.shard_size, args.prefix,
+                            image_column=args.image_column, caption_column=args.caption_column,
+                            overwrite=args.overwrite)
+        return
+    if args.out_dir is None:
+        parser.error("the following arguments are required: out_dir")
     convert_to_shards(args.images_dir, args.captions_file, args.out_dir, args.shard_size, args.prefix,
                       image_column=args.image_column, caption_column=args.caption_column,
                       separator=args.separator, encoding=args.encoding, overwrite=args.overwrite,

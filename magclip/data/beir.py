@@ -1,5 +1,9 @@
 """BEIR folders: corpus.jsonl (`_id`, `title`, `text`), queries.jsonl (`_id`, `text`), qrels/<split>.tsv.
 
+The same reading serves the field's other retrieval folders (magclip/data/retrieval_folder.py: BEIR's
+gzipped hub copies, MTEB's parquet layout, MS MARCO's collection.tsv + queries.tsv + TREC qrels) and qrels
+in TREC's four columns (magclip/data/qrels.py), each recognised by its signature.
+
 `load_beir(folder, split)` returns the corpus, the queries that have judgements in that split and
 the qrels, the way BEIR's `GenericDataLoader` does: qrels rows with score 0 are kept (they are
 judged non-relevant, which nDCG and MAP treat as such), and queries without any judgement in the
@@ -35,17 +39,16 @@ documents drawn from the rest of the corpus as `negatives`.
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from magclip.config import IDENTICAL_ID_RULES
-from magclip.io import atomic_write_jsonl, is_lfs_pointer, lfs_pointer_error
+from magclip.data.qrels import read_qrels_file
+from magclip.data.retrieval_folder import check_folder, corpus_files, queries_files, read_qrels_files, rows
+from magclip.io import atomic_write_jsonl
 
 log = logging.getLogger("magclip.data.beir")
 
@@ -116,54 +119,39 @@ def doc_text(doc: dict[str, str]) -> str:
     return (doc.get("title", "") + " " + doc.get("text", "")).strip()
 
 
-def _refuse_lfs_pointer(path: str | Path) -> None:
-    """A BEIR set from a dataset repository cloned without its LFS files holds pointers, not its files."""
-    if is_lfs_pointer(path):
-        raise lfs_pointer_error(path, "a BEIR file")
-
-
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
-    _refuse_lfs_pointer(path)
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not a JSON line ({e})") from None
-
-
 def read_corpus_lines(folder: str | Path) -> tuple[dict[str, dict[str, str]], dict[str, bool]]:
-    """corpus.jsonl as BEIR's GenericDataLoader reads it (a repeated `_id`: the last line wins, at the id's first
-    place), and the repeated ids, each with whether a later line changed its title or text."""
-    path = Path(folder) / "corpus.jsonl"
+    """The corpus as BEIR's GenericDataLoader reads it (a repeated `_id`: the last line wins, at the id's first
+    place), in any folder layout of magclip/data/retrieval_folder.py, and the repeated ids, each with whether a
+    later line changed its title or text."""
+    files = corpus_files(Path(folder))
+    if not files:
+        check_folder(folder, "test")  # refuses, naming what was looked for
     corpus: dict[str, dict[str, str]] = {}
     repeated: dict[str, bool] = {}
-    for row in read_jsonl(path):
+    for row in rows(files, "corpus"):
         doc_id, doc = str(row["_id"]), {"title": row.get("title") or "", "text": row.get("text") or ""}
         if doc_id in corpus:
             repeated[doc_id] = repeated.get(doc_id, False) or corpus[doc_id] != doc
         corpus[doc_id] = doc
     if not corpus:
-        raise ValueError(f"{path}: empty corpus (no documents)")
+        raise ValueError(f"{files[0]}: empty corpus (no documents)")
     return corpus, repeated
 
 
 def read_corpus(folder: str | Path) -> dict[str, dict[str, str]]:
-    """corpus.jsonl as BEIR reads it; repeated ids are logged (`load_beir` reports them in full)."""
+    """The corpus as BEIR reads it; repeated ids are logged (`load_beir` reports them in full)."""
     corpus, repeated = read_corpus_lines(folder)
     if repeated:
-        log.warning("%s: %d document ids repeat in corpus.jsonl (the last line of each is kept, as BEIR does), "
-                    "e.g. %s", Path(folder) / "corpus.jsonl", len(repeated), list(repeated)[:5])
+        log.warning("%s: %d document ids repeat in the corpus (the last line of each is kept, as BEIR does), "
+                    "e.g. %s", folder, len(repeated), list(repeated)[:5])
     return corpus
 
 
-def read_query_lines(folder: str | Path) -> tuple[dict[str, str], list[str]]:
-    """queries.jsonl as BEIR reads it (a repeated `_id`: the last text wins) and the repeated ids."""
+def read_query_lines(folder: str | Path, split: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """The queries as BEIR reads them (a repeated `_id`: the last text wins) and the repeated ids."""
     queries: dict[str, str] = {}
     repeated: dict[str, None] = {}
-    for row in read_jsonl(Path(folder) / "queries.jsonl"):
+    for row in rows(queries_files(Path(folder), split), "queries"):
         query_id = str(row["_id"])
         if query_id in queries:
             repeated[query_id] = None
@@ -171,64 +159,36 @@ def read_query_lines(folder: str | Path) -> tuple[dict[str, str], list[str]]:
     return queries, list(repeated)
 
 
-def read_queries(folder: str | Path) -> dict[str, str]:
-    return read_query_lines(folder)[0]
+def read_queries(folder: str | Path, split: str | None = None) -> dict[str, str]:
+    return read_query_lines(folder, split)[0]
 
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """query-id, corpus-id, score (tab separated, header line)."""
+    """A qrels file in BEIR's layout (with or without its header) or TREC's (MS MARCO's qrels), by signature."""
     return read_qrels_lines(path)[0]
 
 
 def read_qrels_lines(path: str | Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], bool]]:
     """The qrels as BEIR reads them (a repeated (query, document) row: the last score wins) and the repeated
-    pairs, each with whether a later row changed its score."""
-    qrels: dict[str, dict[str, int]] = {}
-    repeated: dict[tuple[str, str], bool] = {}
-    _refuse_lfs_pointer(path)
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None:
-            return qrels, repeated
-        if header[:2] != ["query-id", "corpus-id"]:  # no header: the first line is data
-            f.seek(0)
-            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        for row in reader:
-            if not row:
-                continue
-            try:
-                qid, did, score = row[0], row[1], int(float(row[2]))
-            except (IndexError, ValueError):
-                raise ValueError(f"{path}:{reader.line_num}: expected query-id<TAB>corpus-id<TAB>score, "
-                                 f"got {row!r}") from None
-            judged = qrels.setdefault(qid, {})
-            if did in judged:
-                repeated[(qid, did)] = repeated.get((qid, did), False) or judged[did] != score
-            judged[did] = score
-    return qrels, repeated
+    pairs, each with whether a later row changed its score (magclip/data/qrels.py recognises the layout)."""
+    read = read_qrels_file(path)
+    return read.qrels, read.repeated
 
 
 def check_beir_folder(folder: str | Path, split: str = "test") -> Path:
-    """The split's qrels file, or a FileNotFoundError naming what the folder lacks (checked before a model loads)."""
-    folder = Path(folder)
-    if not folder.exists():
-        raise FileNotFoundError(f"BEIR folder not found: {folder}")
-    qrels_file = folder / "qrels" / f"{split}.tsv"
-    for needed in (folder / "corpus.jsonl", folder / "queries.jsonl", qrels_file):
-        if not needed.is_file():
-            splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv")) if needed == qrels_file else []
-            raise FileNotFoundError(f"{folder} is not a BEIR folder with split {split!r}: {needed} is missing"
-                                    + (f" (splits found: {', '.join(splits)})" if splits else ""))
-    return qrels_file
+    """The split's (first) qrels file, or an error naming what the folder lacks (checked before a model loads)."""
+    return check_folder(folder, split)[2][0]
 
 
 def load_beir(folder: str | Path, split: str = "test") -> BeirData:
+    """A retrieval folder in any of the field's layouts (BEIR, its gzipped hub copy, MTEB's parquet, MS MARCO)."""
     folder = Path(folder)
-    qrels_file = check_beir_folder(folder, split)
+    qrels_files = check_folder(folder, split)[2]
+    qrels_file = qrels_files[0]
     corpus, repeated_docs = read_corpus_lines(folder)
-    all_queries, repeated_queries = read_query_lines(folder)
-    qrels, repeated_qrels = read_qrels_lines(qrels_file)
+    all_queries, repeated_queries = read_query_lines(folder, split)
+    judged = read_qrels_files(qrels_files)
+    qrels, repeated_qrels = judged.qrels, judged.repeated
     if not qrels:
         raise ValueError(f"{qrels_file}: no judgements")
     missing = [q for q in qrels if q not in all_queries]

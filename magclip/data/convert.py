@@ -284,7 +284,7 @@ def _image_bytes(path: Path, verify: bool) -> tuple[bytes, str] | None:
         return None
 
 
-class _ShardWriter:
+class ShardWriter:
     """Writes `{prefix}-NNNNNN.tar` shards of `shard_size` samples, each renamed into place when full."""
 
     def __init__(self, out_dir: Path, prefix: str, shard_size: int):
@@ -340,7 +340,7 @@ class _Tally:
         return ", ".join(f"{reason} {self.counts[reason]} ({self.lines_of(reason)})" for reason in sorted(self.counts))
 
 
-def _write_samples(table: CaptionTable, images_dir: Path, writer: _ShardWriter, verify: bool,
+def _write_samples(table: CaptionTable, images_dir: Path, writer: ShardWriter, verify: bool,
                    skipped: _Tally, multiline: _Tally) -> None:
     """One sample per usable row, every other row counted in `skipped` by reason."""
     for first, last, row in iter_rows(table):
@@ -449,7 +449,7 @@ def convert_to_shards(
     skipped = _Tally(captions_file, "skipped")
     multiline = _Tally(captions_file, "read as one row", logging.INFO)
     with publishing_dir(target) as tmp:
-        writer = _ShardWriter(tmp, prefix, shard_size)
+        writer = ShardWriter(tmp, prefix, shard_size)
         _write_samples(table, images_dir, writer, verify, skipped, multiline)
         (tmp / SIZES_FILE).write_text(json.dumps(writer.sizes, indent=1, sort_keys=True) + "\n")
     names = list(writer.sizes)

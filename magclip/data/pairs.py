@@ -1,29 +1,34 @@
 """Text pairs for retrieval training: records {query, positive, negatives} from the field's files.
 
-Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file; a table as sentence-transformers users hold it,
-read with `datasets` (magclip/data/tables.py: a `save_to_disk` folder, a DatasetDict at `split`,
-`.parquet`, `.csv`, `.tsv`, `.json`, `.gz` compressed or not); a folder (every such file in it, sorted);
-webdataset-style tar shards whose `KEY.json` members are records (brace patterns such as
-`pairs-{000000..000003}.tar` expand); or several of these joined by '::'. Anything else is refused in
-one line naming the file and the formats read. A table's rows follow the same column rules as JSON lines.
+Sources (`read_pairs`): a `.jsonl` / `.jsonl.gz` file; a `.json` array (DPR's nq-train.json, read with
+`json.load`); a `.tsv` (magclip/data/tsv_pairs.py: unquoted, as MS MARCO's and BEIR's); a table as
+sentence-transformers users hold it, read with `datasets` (magclip/data/tables.py: a `save_to_disk`
+folder, a DatasetDict at `split`, `.parquet`, `.csv`, `.gz` compressed or not); a folder (every such
+file in it, sorted); webdataset-style tar shards whose `KEY.json` members are records (brace patterns
+such as `pairs-{000000..000003}.tar` expand); or several of these joined by '::'. Anything else is
+refused in one line naming the file and the formats read.
 
-Columns (`record_columns`), the field's names: a record that names its query (`query`, or `anchor` as
-sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string or a list,
-one drawn per epoch) is read by name; hard negatives, all optional and taken together in the record's
-key order, are `negatives` (a list), `negative` and `negative_1` .. `negative_n` (sentence-transformers'
-triplet and n-tuple columns); other keys (ids, metadata) are ignored. A record that does not name both
-is read by sentence-transformers' dataset convention, where names do not matter and order does: first
-column the anchor (query), second the positive, the rest negatives (`label`, `labels`, `score`,
-`scores` and `dataset_name` are not texts and are left out), e.g. {query, answer} or {question,
-answer}. Refused, naming the file and the record: a role named twice (`query` and `anchor`,
-`positive` and `positives`), a name its position contradicts (`negative` where the order puts the
-positive), an id-like column where the order would read it as text. Which keys gave the query,
-positive and negatives is logged per file and kept (`PairsRead.columns`; a training run's
+Columns (`record_columns`), by the layouts of magclip/data/layouts.py: DPR's record (`question`,
+`positive_ctxs`, `hard_negative_ctxs`) and tevatron's (`query`, `positive_passages`,
+`negative_passages`), each passage as BEIR's title + " " + text; a record that names its query (`query`,
+or `anchor` as sentence-transformers' datasets do) and its positive (`positive` or `positives`: a string
+or a list, one drawn per epoch) is read by name; hard negatives, all optional and taken together in the
+record's key order, are `negatives` (a list), `negative` and `negative_1` .. `negative_n`
+(sentence-transformers' triplet and n-tuple columns); other keys (ids, metadata) are ignored. A JSON
+record (JSON lines, a JSON array, a tar's KEY.json) is read by its names only, never by its key order:
+one that fits no layout refuses the file in one line listing the layouts read. A table's row (parquet,
+csv, save_to_disk) that names neither is read by sentence-transformers' dataset convention, where the
+table's column order defines the roles: first column the anchor (query), second the positive, the rest
+negatives (`label`, `labels`, `score`, `scores` and `dataset_name` are not texts and are left out), e.g.
+{query, answer} or {question, answer}. Refused, naming the file and the record: a role named twice
+(`query` and `anchor`, `positive` and `positives`), a name its position contradicts (`negative` where
+the order puts the positive), an id-like column where the order would read it as text. Which keys gave
+the query, positive and negatives is logged per file and kept (`PairsRead.columns`; a training run's
 results.json holds it as `train_columns`).
 
-A record without a query or a positive, or a line that is not a JSON object, is skipped, counted by
-reason and reported; it never stops the run. A file from which no usable record remains is refused in
-one line naming the file and the keys found.
+A record without a query or a positive, a line that is not a JSON object, or a TSV line of another width,
+is skipped, counted by reason and reported; it never stops the run. A file from which no usable record
+remains is refused in one line naming the file and the keys found.
 
 `PairBatches` yields this rank's micro-batches of one epoch: a seeded permutation of all records
 (the same on every rank), cut into global batches of batch_size x world_size; rank r takes the r-th
@@ -61,7 +66,27 @@ from typing import Any
 
 import torch
 
-from magclip.data.tables import is_json_lines, is_pair_file, is_saved_dataset, refuse_format, table_rows
+from magclip.data.layouts import (
+    NEGATIVE_KEY,
+    NOT_TEXT_KEYS,
+    PAIRS_BY_ORDER,
+    PAIRS_DPR,
+    PAIRS_NAMED,
+    PAIRS_TEVATRON,
+    POSITIVE_KEYS,
+    QUERY_KEYS,
+    no_layout,
+    passage_text,
+)
+from magclip.data.tables import (
+    is_json_array,
+    is_json_lines,
+    is_pair_file,
+    is_saved_dataset,
+    refuse_format,
+    table_rows,
+)
+from magclip.data.tsv_pairs import tsv_rows
 
 log = logging.getLogger("magclip.data")
 
@@ -73,11 +98,6 @@ class PairRecord:
     negatives: list[str] = field(default_factory=list)
 
 
-QUERY_KEYS = ("query", "anchor")
-POSITIVE_KEYS = ("positive", "positives")
-NEGATIVE_KEY = re.compile(r"negatives?(_\d+)?")          # negatives, negative, negative_1 .. negative_n
-# what sentence-transformers' data collator leaves out of the texts: label columns and the dataset's name
-NOT_TEXT_KEYS = ("label", "labels", "score", "scores", "dataset_name")
 ID_LIKE = re.compile(r"id|.*_(id|ids|idx)")               # sentence-transformers warns of these as text
 BY_ORDER = "by column order"                              # sentence-transformers' convention
 
@@ -91,22 +111,40 @@ class Columns:
     negatives: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
     by_order: bool = False
+    layout: str = PAIRS_NAMED.name
+    passages: bool = False  # the values are passages {title, text} (DPR, tevatron), not strings
 
     def describe(self) -> str:
-        """e.g. "query<-anchor, positive<-positive, negatives<-negative" (+ " (by column order)")."""
+        """e.g. "query<-anchor, positive<-positive, negatives<-negative" (+ " (by column order)" or the layout)."""
         text = f"query<-{self.query}, positive<-{self.positive}"
         text += f", negatives<-{'+'.join(self.negatives)}" if self.negatives else ""
-        return text + (f" ({BY_ORDER})" if self.by_order else "")
+        return text + (f" ({BY_ORDER})" if self.by_order else f" ({self.layout})" if self.passages else "")
 
 
 class AmbiguousColumns(ValueError):
     """A record whose columns say two things: one role named twice, or a name that its position contradicts."""
 
 
-def record_columns(row: dict[str, Any]) -> Columns | None:
-    """The columns of one record (see the module docstring): by name where it names both a query (query or
-    anchor) and a positive (positive or positives), else by sentence-transformers' column order. None when
-    fewer than two text columns remain; AmbiguousColumns where the names contradict each other or the order."""
+def passage_columns(row: dict[str, Any]) -> Columns | None:
+    """DPR's record (question, positive_ctxs; hard_negative_ctxs as the negatives, as DPR trains by default:
+    hard negatives 1, other negatives 0) or tevatron's (query, positive_passages, negative_passages), by name."""
+    for layout, query, positive, negatives in ((PAIRS_DPR, "question", "positive_ctxs", "hard_negative_ctxs"),
+                                               (PAIRS_TEVATRON, "query", "positive_passages", "negative_passages")):
+        if query in row and positive in row:
+            used = (negatives,) if negatives in row else ()
+            return Columns(query, positive, used, tuple(k for k in row if k not in (query, positive, *used)),
+                           layout=layout.name, passages=True)
+    return None
+
+
+def record_columns(row: dict[str, Any], by_order: bool = True) -> Columns | None:
+    """The columns of one record (see the module docstring): DPR's and tevatron's by name; by name where it
+    names both a query (query or anchor) and a positive (positive or positives); else, for a table
+    (`by_order`), by sentence-transformers' column order. None when no layout fits or fewer than two text
+    columns remain; AmbiguousColumns where the names contradict each other or the order."""
+    passages = passage_columns(row)
+    if passages is not None:
+        return passages
     for names in (QUERY_KEYS, POSITIVE_KEYS):
         both = [k for k in names if k in row]
         if len(both) > 1:
@@ -116,6 +154,8 @@ def record_columns(row: dict[str, Any]) -> Columns | None:
     if query and positive:
         negatives = tuple(k for k in row if NEGATIVE_KEY.fullmatch(k))
         return Columns(query, positive, negatives, tuple(k for k in row if k not in (query, positive, *negatives)))
+    if not by_order:
+        return None
     inputs = [k for k in row if k not in NOT_TEXT_KEYS]
     for position, key in enumerate(inputs):
         role = "query" if position == 0 else "positive" if position == 1 else "negatives"
@@ -130,12 +170,15 @@ def record_columns(row: dict[str, Any]) -> Columns | None:
                                    f"order convention reads the {role}; name the columns or reorder them")
     if len(inputs) < 2:
         return None
-    return Columns(inputs[0], inputs[1], tuple(inputs[2:]), tuple(k for k in row if k in NOT_TEXT_KEYS), True)
+    return Columns(inputs[0], inputs[1], tuple(inputs[2:]), tuple(k for k in row if k in NOT_TEXT_KEYS), True,
+                   PAIRS_BY_ORDER.name)
 
 
-def _texts(value: Any) -> list[str]:
-    """The non-blank strings of a column's value (a string or a list)."""
+def _texts(value: Any, passages: bool = False) -> list[str]:
+    """The non-blank strings of a column's value (a string or a list; passages as BEIR's title + " " + text)."""
     values = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if passages:
+        values = [passage_text(v) for v in values if isinstance(v, dict)]
     return [v for v in values if isinstance(v, str) and v.strip()]
 
 
@@ -166,7 +209,23 @@ def _expand(source: str) -> list[Path]:
     return paths
 
 
+def is_json_source(path: Path) -> bool:
+    """Records that are JSON objects (JSON lines, a JSON array, tar shards of KEY.json): read by name only."""
+    return path.is_file() and (path.name.endswith(".tar") or is_json_lines(path) or is_json_array(path))
+
+
 def _rows(path: Path, split: str = "train") -> Iterator[Any]:
+    if path.is_file() and path.name.endswith((".tsv", ".tsv.gz")):
+        yield from tsv_rows(path)
+        return
+    if path.is_file() and is_json_array(path):
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            try:
+                yield from json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not a JSON array ({e})") from None
+        return
     if path.is_dir() or not (path.name.endswith(".tar") or is_json_lines(path)):
         yield from table_rows(path, split)
         return
@@ -191,20 +250,23 @@ def _rows(path: Path, split: str = "train") -> Iterator[Any]:
                 yield None
 
 
-def parse_columns(row: Any) -> tuple[PairRecord | None, str | None, Columns | None]:
-    """(record, None, its columns) or (None, skip reason, columns when known); AmbiguousColumns propagates."""
+def parse_columns(row: Any, by_order: bool = True) -> tuple[PairRecord | None, str | None, Columns | None]:
+    """(record, None, its columns) or (None, skip reason, columns when known); AmbiguousColumns propagates.
+    `by_order`: a table's record may be read by sentence-transformers' column order (never a JSON record);
+    a record that fits no layout is skipped as "no_layout" (the file reader refuses it)."""
     if not isinstance(row, dict):
         return None, "bad_row", None
-    columns = record_columns(row)
+    columns = record_columns(row, by_order)
     if columns is None:
-        return None, "too_few_columns", None
+        return None, "too_few_columns" if by_order else "no_layout", None
     query = row.get(columns.query)
     if not isinstance(query, str) or not query.strip():
         return None, "empty_query", columns
-    positives = _texts(row.get(columns.positive))
+    positives = _texts(row.get(columns.positive), columns.passages)
     if not positives:
         return None, "no_positive", columns
-    negatives = list(dict.fromkeys(n for key in columns.negatives for n in _texts(row[key])))  # once each, in order
+    negatives = list(dict.fromkeys(n for key in columns.negatives
+                                   for n in _texts(row[key], columns.passages)))  # once each, in order
     return PairRecord(query, positives, negatives), None, columns
 
 
@@ -244,12 +306,16 @@ def _read_file(path: Path, out: PairsRead, max_records: int | None, split: str =
     keys: dict[str, None] = {}
     skipped: Counter = Counter()
     more = True
+    by_order = not is_json_source(path)
     for number, row in enumerate(_rows(path, split), start=1):
         keys.update(dict.fromkeys(row if isinstance(row, dict) else ()))
         try:
-            record, reason, columns = parse_columns(row)
+            record, reason, columns = parse_columns(row, by_order)
         except AmbiguousColumns as exn:
             raise ValueError(f"{path}: record {number} has {exn}") from None
+        if reason == "no_layout":
+            raise no_layout(path, "pairs", f"record {number} (keys: {', '.join(list(row)[:12]) or 'none'}; a JSON "
+                                           "record is read by its names, never by key order)")
         if record is None:
             skipped[reason] += 1
             continue
@@ -262,7 +328,8 @@ def _read_file(path: Path, out: PairsRead, max_records: int | None, split: str =
     if not used:
         raise ValueError(f"{path}: no usable pair record ({sum(skipped.values())} read, skipped {dict(skipped)}); "
                          f"keys found: {', '.join(list(keys)[:12]) or 'none'}; a record needs query or anchor, and "
-                         "positive or positives (negative, negative_1.., negatives optional), or text columns in "
+                         "positive or positives (negative, negative_1.., negatives optional), DPR's question and "
+                         "positive_ctxs, tevatron's query and positive_passages, or (a table only) text columns in "
                          "sentence-transformers' order (anchor, positive, negatives...) under none of these names")
     out.skipped.update(skipped)
     out.columns.append({"file": str(path), "records": sum(used.values()), "columns": dict(used),

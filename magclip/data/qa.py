@@ -12,11 +12,13 @@ remains is an error).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from magclip.data.beir import read_corpus, read_jsonl, read_qrels
+from magclip.data.beir import read_corpus, read_qrels
+from magclip.data.retrieval_folder import read_jsonl
 from magclip.metrics.rag import normalize_answer, normalize_for_match
 
 log = logging.getLogger("magclip.rag")

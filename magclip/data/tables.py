@@ -9,16 +9,19 @@ JSON line.
 
 JSON lines (`.jsonl`, and a `.json` file whose first character opens an object) stay with the line
 reader of `magclip.data.pairs`: `datasets` refuses a whole file for one broken line, where a long run
-skips that line and counts it. A `.json` file holding one array of records is read by `datasets`.
+skips that line and counts it. A `.json` file holding one array of records (DPR's nq-train.json) is read
+with `json.load`, as DPR reads it, and a `.tsv` by magclip/data/tsv_pairs.py (unquoted, as MS MARCO's);
+a JSON record is read by its names, never by its key order.
 
-A DatasetDict folder is read at its `split` (data.train_split) or refused in one line listing its
-splits; a file in no format read here, or one `datasets` cannot read, is refused in one line naming
+A DatasetDict folder is read at its `split` (data.train_split; the other splits are named at WARNING,
+with their row counts) or refused in one line listing its splits; a file in no format read here, or one `datasets` cannot read, is refused in one line naming
 the file (ValueError).
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ PAIR_FILE_ENDINGS = (*JSON_LINES, *SHARDS, *TABLE_BUILDERS)
 FORMATS_READ = ("a datasets save_to_disk folder (Dataset or DatasetDict), .parquet, .csv, .tsv, .json, .jsonl "
                 "(.gz), webdataset .tar shards of KEY.json records, or a folder of these")
 ROWS_PER_BATCH = 1024
+log = logging.getLogger("magclip.data")
 
 
 def is_saved_dataset(folder: Path) -> bool:
@@ -56,6 +60,16 @@ def is_json_lines(path: Path) -> bool:
     return head.startswith("{")
 
 
+def is_json_array(path: Path) -> bool:
+    """A .json file holding one array of records (DPR's nq-train.json), read with `json.load` by name."""
+    if not path.name.endswith((".json", ".json.gz")):
+        return False
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith("[")
+
+
 def refuse_format(path: Path) -> ValueError:
     return ValueError(f"{path}: not a training file format magclip reads; it reads {FORMATS_READ}")
 
@@ -70,6 +84,11 @@ def load_table(path: Path, split: str = "train"):
             if split not in loaded:
                 raise ValueError(f"{path}: a DatasetDict without the split {split!r} (its splits: "
                                  f"{', '.join(loaded)}); set data.train_split to one of them")
+            others = [name for name in loaded if name != split]
+            if others:
+                log.warning("%s: a DatasetDict; its split %r is read (%d rows), not %s (data.train_split picks "
+                            "another)", path, split, len(loaded[split]),
+                            ", ".join(f"{name!r} ({len(loaded[name])} rows)" for name in others))
             return loaded[split]
         return loaded
     builder = next((b for ending, b in TABLE_BUILDERS.items() if path.name.endswith(ending)), None)

@@ -46,6 +46,10 @@ def local_path(url: str) -> Path | None:
     return Path(url) if scheme == "" else None
 
 
+# files that hold a table, not samples: an image-caption parquet, a caption table
+TABLE_ENDINGS = (".parquet", ".arrow", ".csv", ".tsv", ".csv.gz", ".tsv.gz")
+
+
 def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
     """A FileNotFoundError naming the first local shard that is not there (and the config key it came from);
     a ValueError for a Git LFS pointer in a shard's place (a benchmark cloned without its LFS files), which
@@ -58,6 +62,11 @@ def check_shards_exist(urls: Iterable[str], key: str | None = None) -> None:
             raise FileNotFoundError(f"{where}shard not found: {path}{origin}")
         if path is not None and is_lfs_pointer(path):
             raise lfs_pointer_error(path, "a tar", where)
+        if path is not None and path.name.endswith(TABLE_ENDINGS):
+            raise ValueError(f"{where}{path} is a table, not webdataset shards: convert it with make_shards ("
+                             + (f"python tools/make_shards.py {path} OUT_DIR" if path.suffix == ".parquet" else
+                                f"python tools/make_shards.py IMAGES_DIR {path} OUT_DIR")
+                             + ") and pass OUT_DIR")
 
 
 def check_sources_exist(urls: str | list[str], key: str | None = None) -> list[str]:

@@ -58,10 +58,17 @@ from torch.distributed.fsdp import FSDPModule
 from magclip.config import POOLINGS
 from magclip.distributed import ONE_PROCESS, Share
 from magclip.io import atomic_write_json, load_error
-from magclip.models.st_similarity import folder_scorer
-from magclip.models.static import NO_LIMIT, STATIC_KIND, StaticTower, load_static_tower, static_tokenizer
 from magclip.models import build
+from magclip.models.adapter_folder import adapter_base, is_adapter_folder, merged_with_adapter
 from magclip.models.length_groups import GROUP_COST_TOKENS, encode_in_length_groups
+from magclip.models.st_similarity import folder_scorer
+from magclip.models.static import (
+    STATIC_KIND,
+    StaticTower,
+    load_static_tower,
+    saved_max_tokens,
+    static_tokenizer,
+)
 
 log = logging.getLogger("magclip.text")
 
@@ -223,6 +230,13 @@ class BiEncoder(nn.Module):
         given = {"pooling": pooling, "query_prefix": query_prefix, "passage_prefix": passage_prefix,
                  "query_max_length": query_max_length, "passage_max_length": passage_max_length, "shared": shared}
         overrides = {k: v for k, v in given.items() if v is not None}
+        if folder.is_dir() and is_adapter_folder(folder):  # peft's folder: the base, then the adapter merged in
+            model = cls.from_pretrained(adapter_base(folder, resolve_model_path), **overrides, **hf_kwargs)
+            model.query_model = merged_with_adapter(model.query_model, folder)
+            if model.passage_model is not None:
+                model.passage_model = merged_with_adapter(model.passage_model, folder)
+            model.source = str(name_or_path)
+            return model
         if (folder / META_FILE).is_file():
             meta = json.loads((folder / META_FILE).read_text())
             base = _settings_from_dict(meta["settings"])
@@ -808,9 +822,10 @@ def _router_routes(folder: Path) -> dict[str, STLayout]:
 
 
 def _route_settings(folder: Path, layout: STLayout) -> dict[str, Any]:
-    """Pooling and max length of one pipeline: a StaticEmbedding means over all its tokens, untruncated."""
+    """Pooling and max length of one pipeline: a StaticEmbedding means over its tokens, cut where its saved
+    tokenizer cuts (uncut when it does not), as its encode does."""
     if layout.static:
-        return {"pooling": "mean", "max_length": NO_LIMIT}
+        return {"pooling": "mean", "max_length": saved_max_tokens(folder / layout.transformer)}
     sbert = folder / layout.transformer / "sentence_bert_config.json"
     sbert_cfg = json.loads(sbert.read_text()) if sbert.is_file() else {}
     return {"pooling": _pooling_mode(folder, layout.pooling),

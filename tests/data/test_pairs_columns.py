@@ -26,6 +26,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    """A table, the form in which sentence-transformers reads columns by their order."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
 def as_tuples(records) -> list[tuple[str, list[str], list[str]]]:
     return [(r.query, r.positives, r.negatives) for r in records]
 
@@ -77,7 +86,7 @@ def sentence_transformers_roles(row: dict) -> list[str]:
     {"text": "q", "positive": "p", "hard_1": "n1", "hard_2": "n2", "dataset_name": "x"},
 ])
 def test_records_without_both_names_are_read_in_sentence_transformers_order(tmp_path, row):
-    path = write_jsonl(tmp_path / "order.jsonl", [row])
+    path = write_parquet(tmp_path / "order.parquet", [row])
     read = read_pairs_with_columns(path)
     [record] = read.records
     roles = sentence_transformers_roles(row)   # the peer's reading of the same record
@@ -85,6 +94,12 @@ def test_records_without_both_names_are_read_in_sentence_transformers_order(tmp_
     assert record.negatives == [row[k] for k in roles[2:]]
     [description] = read.columns[0]["columns"]
     assert description.endswith("(by column order)") and description.startswith(f"query<-{roles[0]}, ")
+    # a JSON record is never read by its key order (issue 61): the same record as a JSON line is refused
+    jsonl = write_jsonl(tmp_path / "order.jsonl", [row])
+    with pytest.raises(ValueError) as err:
+        read_pairs(jsonl)
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{jsonl}: record 1 (keys: ")
+    assert "never by key order" in str(err.value) and "DPR biencoder JSON" in str(err.value)
 
 
 def test_named_records_agree_with_sentence_transformers_order_where_it_holds():
@@ -101,21 +116,27 @@ def test_named_records_agree_with_sentence_transformers_order_where_it_holds():
     ({"question": "q", "answer": "p", "doc_id": "d"}, "id-like column 'doc_id'"),
 ])
 def test_contradicting_columns_refuse_the_file_in_one_line(tmp_path, row, expected):
+    path = write_parquet(tmp_path / "bad.parquet", [row])
+    with pytest.raises(ValueError) as err:
+        read_pairs(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}: record 1 has ") and expected in message
     path = write_jsonl(tmp_path / "bad.jsonl", [{"query": "fine", "positive": "fine"}, row])
     with pytest.raises(ValueError) as err:
         read_pairs(path)
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"{path}: record 2 has ") and expected in message
+    named = expected.startswith("both")  # by name in JSON too; the rest would need the key order: no layout
+    assert "\n" not in message and message.startswith(f"{path}: record 2 {'has ' if named else '(keys: '}")
 
 
 def test_a_file_without_a_usable_record_is_refused_naming_its_keys(tmp_path):
-    path = write_jsonl(tmp_path / "none.jsonl", [{"query": "", "positive": "p"}, {"text": "only one column"}])
+    path = write_jsonl(tmp_path / "none.jsonl", [{"query": "", "positive": "p"}, {"anchor": "q", "positives": []}])
     with pytest.raises(ValueError) as err:
         read_pairs(path)
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{path}: no usable pair record")
-    assert "keys found: query, positive, text" in message and "'empty_query': 1" in message
-    assert "'too_few_columns': 1" in message
+    assert "keys found: query, positive, anchor, positives" in message and "'empty_query': 1" in message
+    assert "'no_positive': 1" in message
     # one good file and one bad: the bad one is named
     good = write_jsonl(tmp_path / "good.jsonl", [{"anchor": "q", "positive": "p"}])
     with pytest.raises(ValueError, match=f"^{tmp_path / 'none.jsonl'}: no usable"):

@@ -37,15 +37,20 @@ def folders(tmp_path_factory):
     def transformer(bert, length):
         return [stm.Transformer(str(bert), max_seq_length=length), stm.Pooling(32, "mean")]
 
-    def static(seed):
+    def static(seed, cut=None):
         from transformers import AutoTokenizer
 
         torch.manual_seed(seed)
-        return stm.StaticEmbedding(AutoTokenizer.from_pretrained(str(bert_q)), embedding_dim=32)
+        module = stm.StaticEmbedding(AutoTokenizer.from_pretrained(str(bert_q)), embedding_dim=32)
+        if cut:  # a saved tokenizer that truncates: StaticEmbedding's encode cuts there (issue 61)
+            module.tokenizer.enable_truncation(cut)
+        return module
 
     made = {"router": [stm.Router.for_query_document(transformer(bert_q, 8), transformer(bert_d, 24))],
             "static": [static(3)],
-            "static_query_router": [stm.Router.for_query_document([static(4)], transformer(bert_d, 24))]}
+            "static_query_router": [stm.Router.for_query_document([static(4)], transformer(bert_d, 24))],
+            "static_truncated": [static(5, cut=6)],
+            "static_document_router": [stm.Router.for_query_document(transformer(bert_q, 24), [static(6, cut=5)])]}
     for kind, modules in made.items():
         st.SentenceTransformer(modules=modules, device="cpu").save(str(root / kind))
     return {kind: root / kind for kind in made}
@@ -65,7 +70,8 @@ def peer_ndcg(folder, beir) -> float:
     return float(np.mean([v["ndcg_cut_10"] for v in per_query.values()]))
 
 
-@pytest.mark.parametrize("kind", ["router", "static", "static_query_router"])
+@pytest.mark.parametrize("kind", ["router", "static", "static_query_router", "static_truncated",
+                                  "static_document_router"])
 def test_the_folder_evaluates_as_sentence_transformers_does(folders, kind, tmp_path, monkeypatch):
     from magclip.cli.beir import console
 
@@ -77,6 +83,12 @@ def test_the_folder_evaluates_as_sentence_transformers_does(folders, kind, tmp_p
                           atol=1e-5)
     if kind == "router":   # each route its own length, as sentence-transformers cuts
         assert (model.settings.query_max_length, model.settings.passage_max_length) == (8, 24)
+    if kind == "static_truncated":   # the saved tokenizer's cut, and it matters for the long text
+        assert model.settings.passage_max_length == 6
+        assert model.tokenize(TEXTS[:1], "passage")["input_ids"].shape[1] == 6
+        assert model.tokenize(TEXTS[:1], "passage", max_length=10**6)["input_ids"].shape[1] == 30
+    if kind == "static_document_router":
+        assert model.settings.passage_max_length == 5
 
     beir, _ = write_toy_eval(tmp_path, toy_rows(24, seed=5))
     monkeypatch.setattr(sys, "argv", ["magclip-beir", "--model", str(folder), "--data", str(beir),
