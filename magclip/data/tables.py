@@ -48,26 +48,23 @@ def is_pair_file(path: Path) -> bool:
     return path.name.endswith(PAIR_FILE_ENDINGS)
 
 
-def is_json_lines(path: Path) -> bool:
-    """JSON lines by name (.jsonl) or by content (a .json file whose first character opens an object)."""
-    if path.name.endswith(JSON_LINES):
-        return True
+def _json_head(path: Path) -> str:
+    """The first non-blank character of a .json(.gz) file ("" for another ending): "{" opens JSON lines, "[" an array."""
     if not path.name.endswith((".json", ".json.gz")):
-        return False
+        return ""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith("{")
+        return f.read(4096).lstrip()[:1]
+
+
+def is_json_lines(path: Path) -> bool:
+    """JSON lines by name (.jsonl) or by content (a .json file whose first character opens an object)."""
+    return path.name.endswith(JSON_LINES) or _json_head(path) == "{"
 
 
 def is_json_array(path: Path) -> bool:
     """A .json file holding one array of records (DPR's nq-train.json), read with `json.load` by name."""
-    if not path.name.endswith((".json", ".json.gz")):
-        return False
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        head = f.read(4096).lstrip()
-    return head.startswith("[")
+    return _json_head(path) == "["
 
 
 def refuse_format(path: Path) -> ValueError:
