@@ -228,12 +228,19 @@ def base_dtype_for(precision: str, model: nn.Module) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" and not batchnorm else torch.float32
 
 
-def save_adapter(peft_model: nn.Module, folder: str | Path) -> Path:
+def save_adapter(peft_model: nn.Module, folder: str | Path, trained: dict[str, torch.Tensor] | None = None) -> Path:
     """peft's adapter folder (adapter_config.json + adapter_model.safetensors), as `PeftModel.save_pretrained`
-    writes it: `PeftModel.from_pretrained(base, folder)` loads it onto the base model."""
+    writes it: `PeftModel.from_pretrained(base, folder)` loads it onto the base model. `trained`: the adapters
+    under the PeftModel's own names, gathered whole (a sharded model's state dict holds shards)."""
     folder = Path(folder)
-    peft_model.save_pretrained(str(folder), safe_serialization=True)
+    peft_model.save_pretrained(str(folder), safe_serialization=True,
+                               **({"state_dict": trained} if trained is not None else {}))
     return folder
+
+
+def trained_under(trained: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The gathered trainable tensors of the sub-module at `prefix` (`clip.clip.`), under its own names."""
+    return {k[len(prefix):]: v for k, v in trained.items() if k.startswith(prefix)}
 
 
 def merged_model(peft_model: nn.Module) -> nn.Module:
@@ -326,11 +333,17 @@ def merged_encoder(encoder: nn.Module) -> nn.Module:
                      encoder.default_scorer, encoder.source, query_head=head, passage_head=passage_head)
 
 
-def save_text_adapters(encoder: nn.Module, folder: str | Path) -> None:
-    """adapter/ (one tower) or adapter/query + adapter/passage (two), each peft's folder."""
+def save_text_adapters(encoder: nn.Module, folder: str | Path, trained: dict[str, torch.Tensor] | None = None,
+                       prefix: str = "encoder.") -> None:
+    """adapter/ (one tower) or adapter/query + adapter/passage (two), each peft's folder; `trained`: the module's
+    trainable tensors gathered whole, the encoder's at `prefix`."""
     folder = Path(folder)
+
+    def own(side: str) -> dict[str, torch.Tensor] | None:
+        return None if trained is None else trained_under(trained, f"{prefix}{side}_model.")
+
     if encoder.passage_model is None:
-        save_adapter(encoder.query_model, folder)
+        save_adapter(encoder.query_model, folder, own("query"))
         return
-    save_adapter(encoder.query_model, folder / "query")
-    save_adapter(encoder.passage_model, folder / "passage")
+    save_adapter(encoder.query_model, folder / "query", own("query"))
+    save_adapter(encoder.passage_model, folder / "passage", own("passage"))

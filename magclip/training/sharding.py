@@ -47,6 +47,8 @@ from torch import nn
 from magclip import distributed
 from magclip.distributed import Share
 from magclip.models.blocks import repeated_blocks
+from magclip.training import shard_fill
+from magclip.training.shard_fill import local
 
 log = logging.getLogger("magclip.training.sharding")
 
@@ -129,6 +131,13 @@ class Sharding:
         """The module with its full weights on the main process (for writing the model files); None elsewhere."""
         yield module if self.acc.is_main_process else None
 
+    def gathered_trainable(self, module: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The trainable parameters, whole, on the main process (None elsewhere; every process calls this): a LoRA
+        run's adapters and loss parameters, what its checkpoint's adapter folder is written from."""
+        if not self.acc.is_main_process:
+            return None
+        return {name: p.detach() for name, p in module.named_parameters() if p.requires_grad}
+
     def weights_record(self, module: nn.Module) -> dict[str, Any]:
         """results.json: a digest of every rank's final parameters (equal: the replicas stayed in step)."""
         with distributed.naming_lost_ranks("the comparison of the final weights"):
@@ -165,17 +174,15 @@ class FSDPSharding(Sharding):
         (for the consolidated model files and evaluation) and the loss parameters replicated. Towers built on
         the meta device (magclip.training.meta_start) are then materialised and filled shard by shard. A second
         call (the Engine's, after a meta-device start) only makes the replicated tensors rank 0's again."""
-        from magclip.training.meta_start import materialise, no_weights_attached
-
         if self._template is not None:
             self._broadcast_from_rank0(module)
             return module
-        with no_weights_attached(module):
+        with shard_fill.no_weights_attached(module):
             self._template = _meta_copy(module)
         self._replicated = list(module.loss_parameters())
         if not self.sharded:
             log.info("train.sharding=fsdp on one process: nothing to shard; checkpoints in the sharded format")
-            self._fill_from_weights(module, materialise)
+            self._fill_from_weights(module)
             return module
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -200,15 +207,15 @@ class FSDPSharding(Sharding):
                  "gradient reduction fp32); loss parameters replicated: %d tensors", len(units), self.acc.num_processes,
                  "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
                  len(self._replicated))
-        self._fill_from_weights(module, materialise)
+        self._fill_from_weights(module)
         return module
 
-    def _fill_from_weights(self, module: nn.Module, materialise: Any) -> None:
+    def _fill_from_weights(self, module: nn.Module) -> None:
         """The meta-device start's second half: allocate this rank's shards and read them from the weights."""
         from magclip.models.build import loaded_on_meta
 
         if loaded_on_meta(module):
-            read = materialise(module, self.acc.device)
+            read = shard_fill.materialise(module, self.acc.device)
             log.info("meta-device start: this process read %d tensors (%.1f MB) of the weights files, its shards",
                      read["tensors"], read["bytes"] / 2**20)
 
@@ -310,6 +317,18 @@ class FSDPSharding(Sharding):
         self._template.train(module.training)
         return self._template.to(self.acc.device) if to_device else self._template
 
+    def gathered_trainable(self, module: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The trainable parameters gathered whole on the main process, one collective a tensor (the adapters: a few
+        MB; the frozen base is never gathered); None elsewhere."""
+        out: dict[str, torch.Tensor] = {}
+        with distributed.naming_lost_ranks("the gathering of the trained parameters"):
+            for name, p in module.named_parameters():
+                if p.requires_grad:
+                    full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                    if self.acc.is_main_process:
+                        out[name] = full.detach().cpu()
+        return out if self.acc.is_main_process else None
+
     def weights_record(self, module: nn.Module) -> dict[str, Any]:
         """results.json: a digest of the consolidated final weights (the shards differ by design), and every rank's
         digest of the replicated loss parameters (equal: they stayed in step)."""
@@ -360,11 +379,6 @@ def make_sharding(name: str, accelerator: Accelerator, precision: str) -> Shardi
     return FSDPSharding(accelerator, precision) if name == "fsdp" else Sharding(accelerator)
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a tensor: a DTensor's local shard, else the tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
@@ -387,13 +401,33 @@ def _meta_copy(module: nn.Module) -> nn.Module:
 # ============================================================================ checkpoints
 
 
-def save_sharded(folder: Any, module: nn.Module, optimizer: Any) -> None:
-    """Every rank writes its shard of the model and optimizer state (DCP) into `folder`; a collective."""
+def save_sharded(folder: Any, module: nn.Module, optimizer: Any, trainable_only: bool = False) -> None:
+    """Every rank writes its shard of the model and optimizer state (DCP) into `folder`; a collective. With
+    `trainable_only` (a LoRA run) the frozen parameters are left out: they are the base's files, read again on resuming."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_state, optim_state = get_state_dict(module, _inner(optimizer))
+    model_state, optim_state = get_state_dict(module, _inner(optimizer),
+                                              options=StateDictOptions(ignore_frozen_params=trainable_only))
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+
+
+def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A replica's state dict without its frozen parameters (a LoRA checkpoint's `state.pt`): what trains, and the
+    buffers (BatchNorm statistics move in training; the rest are small)."""
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in module.state_dict().items() if k not in frozen}
+
+
+def _load_partial(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """A trainable-only state into a replica: every key it holds must be the module's, and every trainable parameter
+    must be in it (the frozen ones come from the base's files)."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    lacking = sorted(set(missing) & trainable)
+    if unexpected or lacking:
+        raise ValueError(f"the checkpoint's trained state does not fit this model: {len(unexpected)} unknown keys "
+                         f"{unexpected[:3]}, {len(lacking)} trained parameters missing {lacking[:3]}")
 
 
 def load_training_weights(step: Any, state: dict[str, Any], module: nn.Module, optimizer: Any,
@@ -413,22 +447,29 @@ def load_training_weights(step: Any, state: dict[str, Any], module: nn.Module, o
 
     folder = Path(step) / SHARDED_DIR
     inner = _inner(optimizer)
+    partial = bool(state["loop"].get("trainable_only"))   # a LoRA checkpoint: the base is read from its files
     if (folder / ".metadata").is_file():
         import torch.distributed.checkpoint as dcp
 
-        model_state, optim_state = get_state_dict(module, inner)
+        options = StateDictOptions(ignore_frozen_params=partial, strict=not partial)
+        model_state, optim_state = get_state_dict(module, inner, options=options)
         target = {"model": model_state, "optim": optim_state}
-        dcp.load(target, checkpoint_id=str(folder))
-        set_state_dict(module, inner, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        dcp.load(target, checkpoint_id=str(folder))   # a key the checkpoint lacks fails here
+        set_state_dict(module, inner, model_state_dict=target["model"], optim_state_dict=target["optim"],
+                       options=options)
         written_by = state["loop"].get("world_size")
-        return f"sharded checkpoint (written by {written_by or '?'} processes) resharded onto {sharding.acc.num_processes}"
+        return (f"sharded {'trained state' if partial else 'checkpoint'} (written by {written_by or '?'} processes) "
+                f"resharded onto {sharding.acc.num_processes}")
     if state.get("module") is None:
         raise ValueError(f"checkpoint {step} holds neither {SHARDED_DIR}/ (a sharded run's) nor a full module state")
     if not sharding.sharded:
-        module.load_state_dict(state["module"])
+        if partial:
+            _load_partial(module, state["module"])
+        else:
+            module.load_state_dict(state["module"])
         optimizer.load_state_dict(state["optimizer"])
-        return "full state"
-    full = StateDictOptions(full_state_dict=True)
+        return "trained state (the base read from its files)" if partial else "full state"
+    full = StateDictOptions(full_state_dict=True, strict=not partial)
     set_model_state_dict(module, state["module"], options=full)
     set_optimizer_state_dict(module, inner, _by_name(state["optimizer"], module, inner), options=full)
     return f"a replica's full state sharded onto {sharding.acc.num_processes} processes"
