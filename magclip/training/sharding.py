@@ -63,6 +63,22 @@ def shard_units(tower: nn.Module) -> list[nn.Module]:
     return [block for _, block in repeated_blocks(tower, accept=_fsdp_can_wrap)]
 
 
+def own_units(tower: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """The parts outside the repeated blocks that become FSDP units of their own, so that each is gathered only around
+    its own forward and freed after (in the tower's root unit it would stay gathered for the tower's whole forward):
+    every token embedding table (`nn.Embedding`, `nn.EmbeddingBag`: a decoder's vocabulary is its largest tensor, 0.5 GiB
+    of a 0.6 B Qwen3) and an output head (an `nn.Linear` whose weight has an embedding table's shape, as a language
+    model's head has), where its weight is not the embedding's own (tied: it stays in the root)."""
+    inside = {id(m) for unit in units for m in unit.modules()}
+    tables = [m for m in tower.modules() if type(m) in (nn.Embedding, nn.EmbeddingBag) and id(m) not in inside
+              and m.weight.numel() > 0]
+    shapes = {tuple(t.weight.shape) for t in tables}
+    tied = {id(t.weight) for t in tables}
+    heads = [m for m in tower.modules() if type(m) is nn.Linear and id(m) not in inside
+             and tuple(m.weight.shape) in shapes and id(m.weight) not in tied]
+    return tables + heads
+
+
 def _fsdp_can_wrap(cls: type) -> bool:
     """Whether fully_shard can give a module of `cls` its FSDP subclass (the assignment of `__class__` that it
     makes last, after the parameters are already sharded: a failure there would leave a half-sharded module)."""
@@ -200,11 +216,15 @@ class FSDPSharding(Sharding):
         self._replicated += [p for p in scalars if p.requires_grad]
         for unit in units:
             fully_shard(unit, mp_policy=policy, ignored_params=scalars & set(unit.parameters()) or None)
+        tables = own_units(towers, units)   # token embeddings (and an output head): gathered around their own forward
+        for table in tables:
+            fully_shard(table, mp_policy=policy, reshard_after_forward=True)
         # the root unit (embeddings, projections, the stem) is freed after the forward too, not kept gathered until the
         # backward as FSDP2 keeps a root by default: one more all-gather a step for that memory
         fully_shard(towers, mp_policy=policy, ignored_params=scalars or None, reshard_after_forward=True)
-        log.info("train.sharding=fsdp: %d blocks and the towers sharded over %d processes (parameters in use: %s, "
-                 "gradient reduction fp32); loss parameters replicated: %d tensors", len(units), self.acc.num_processes,
+        log.info("train.sharding=fsdp: %d blocks, %d embedding tables or heads and the towers sharded over %d processes "
+                 "(parameters in use: %s, gradient reduction fp32); loss parameters replicated: %d tensors", len(units),
+                 len(tables), self.acc.num_processes,
                  "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
                  len(self._replicated))
         self._fill_from_weights(module)

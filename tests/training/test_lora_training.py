@@ -171,3 +171,50 @@ def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, o
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     assert (tmp_path / "default").exists() is not before_run_folder
+
+
+def test_clip_lora_under_fsdp_trains_saves_and_resumes_end_to_end(tmp_path):
+    """train/clip.py on 2 gloo processes, train.sharding=fsdp + LoRA (default targets from the structure) on an open_clip
+    ViT read from its weights file on the meta device, bf16: the validation runs sharded, every checkpoint holds the
+    adapter folder and base.json (no merged model, no frozen base); a run resumed from step 2 ends with the unbroken
+    run's weights; PeftModel.from_pretrained opens the adapters, and the offline merge gives an open_clip folder."""
+    import open_clip
+    from peft import PeftModel
+
+    from magclip.models.clip import save_checkpoint_for_open_clip
+
+    torch.manual_seed(0)
+    save_checkpoint_for_open_clip(create_clip("tiny-vit").model, tmp_path / "base.safetensors")
+    synth, out = tmp_path / "synthetic", tmp_path / "runs"
+    common = [f"output_dir={out}", f"data.synthetic.root={synth}", "data.synthetic.num_train=256",
+              "data.synthetic.num_val=32", "data.workers=0", "train.log_every=1", "train.warmup_steps=1",
+              "model.name=tiny-vit", f"model.pretrained={tmp_path / 'base.safetensors'}", "model.lora.r=4",
+              "train.sharding=fsdp", "train.precision=bf16", "train.batch_size=16", "train.max_steps=4",
+              "train.checkpoint_every=2", "train.lr=1e-2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def launch(*extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               str(free_port()), str(ROOT / "train" / "clip.py"), *common, *extra],
+                              env=env, capture_output=True, text=True, timeout=420)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "meta-device start: this process read" in proc.stdout + proc.stderr
+        return json.loads((out / extra[0].split("=", 1)[1] / "results.json").read_text())
+
+    whole = launch("name=whole")
+    assert whole["world_size"] == 2 and whole["sharding"] == "fsdp" and whole["metrics"]["num_samples"] == 32
+    steps = [out / "whole" / "checkpoints" / f"step_{s:08d}" for s in (2, 4)]
+    assert all((s / "adapter" / "adapter_model.safetensors").is_file() and (s / "base.json").is_file()
+               and not (s / "open_clip_model.safetensors").exists() for s in steps)
+    copy_run_at(out / "whole", out / "part", steps[0].name)
+    part = launch("name=part", "train.resume=latest")
+    assert part["steps"] == whole["steps"] == 4 and part["weights_sha256"] == whole["weights_sha256"]
+
+    base = create_clip("tiny-vit", str(tmp_path / "base.safetensors")).model.clip
+    adapted = PeftModel.from_pretrained(base, str(steps[1] / "adapter"))
+    assert sum("lora_A" in n for n, _ in adapted.named_parameters()) == 10   # c_fc and c_proj of 3 + 2 blocks
+    from magclip.training.merge import merge_lora
+
+    merge_lora(steps[1], tmp_path / "merged")
+    model, _, _ = open_clip.create_model_and_transforms("local-dir:" + str(tmp_path / "merged"))
+    assert sum(p.numel() for p in model.parameters()) > 0
