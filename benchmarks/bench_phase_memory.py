@@ -230,8 +230,8 @@ def launch(row: str, world: int, args: argparse.Namespace, config: Path, run_roo
 
 def markdown(doc: dict[str, Any]) -> str:
     full = doc["setup"]["fp32_weight_bytes"]
-    lines = [f"peak RSS (ru_maxrss, GiB) of each rank, up to the end of each phase; full fp32 weights "
-             f"{full / GIB:.2f} GiB, base folder {doc['setup']['base_folder_bytes'] / GIB:.2f} GiB",
+    lines = [(f"peak RSS (ru_maxrss, GiB) of each rank, up to the end of each phase; full fp32 weights "
+              f"{full / GIB:.2f} GiB, base folder {doc['setup']['base_folder_bytes'] / GIB:.2f} GiB"),
              "", "| row | W | " + " | ".join(PHASES) + " | largest / fp32 weights | checkpoint folder / base |",
              "|---|---|" + "---|" * (len(PHASES) + 2)]
     for key, found in doc["rows"].items():

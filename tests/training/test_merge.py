@@ -70,13 +70,13 @@ def test_the_offline_merge_of_a_text_run_equals_the_in_process_merge_and_refuses
     from safetensors.torch import load_file, save_file
 
     weights = load_file(decoder / "model.safetensors")
-    first = sorted(weights)[0]
+    first = min(weights)
     save_file({**weights, first: weights[first][:1].clone()}, decoder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(BaseChangedError, match="another frozen base") as err:
         merge_lora(step, tmp_path / "merged_again")
     assert "\n" not in str(err.value)
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "consolidate.py"), str(step), "--merge", "--out",
-                           str(tmp_path / "cli")], capture_output=True, text=True, timeout=300,
+                           str(tmp_path / "cli")], check=False, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "another frozen base" in proc.stderr, \
         proc.stderr[-2000:]
