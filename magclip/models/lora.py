@@ -189,8 +189,12 @@ def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: st
     handles = [m.register_forward_hook(lambda mod, args, out, name=n: called.add(name)) for n, m in layers.items()]
     was_training = model.training
     model.eval()  # no BatchNorm statistics updated, no dropout drawn: the probe leaves the model as it was
+    # a deferred probe meets a base held in bf16 already (a convolution's fp32 input would not meet its weights): it
+    # computes under bf16 autocast, as training and evaluation do
+    frozen = next((p for p in model.parameters() if not p.requires_grad and p.is_floating_point()), None)
+    bf16 = frozen is not None and frozen.dtype == torch.bfloat16
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(frozen.device.type if bf16 else "cpu", torch.bfloat16, enabled=bf16):
             if run is None:
                 probe(model)
             else:

@@ -186,7 +186,7 @@ def test_clip_lora_under_fsdp_trains_saves_and_resumes_end_to_end(tmp_path):
     torch.manual_seed(0)
     save_checkpoint_for_open_clip(create_clip("tiny-vit").model, tmp_path / "base.safetensors")
     synth, out = tmp_path / "synthetic", tmp_path / "runs"
-    common = [f"output_dir={out}", f"data.synthetic.root={synth}", "data.synthetic.num_train=256",
+    common = [f"output_dir={out}", f"data.synthetic.root={synth}", "data.synthetic.num_train=1001",
               "data.synthetic.num_val=32", "data.workers=0", "train.log_every=1", "train.warmup_steps=1",
               "model.name=tiny-vit", f"model.pretrained={tmp_path / 'base.safetensors'}", "model.lora.r=4",
               "train.sharding=fsdp", "train.precision=bf16", "train.batch_size=16", "train.max_steps=4",
