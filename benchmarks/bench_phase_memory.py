@@ -26,8 +26,9 @@ every process holds the whole base, writes the merged model in process). A row w
 the memory available is skipped, and said so.
 
 Phases, each `ru_maxrss` (the peak resident set since the process started, so each is the peak up to that point):
-`runtime` (after the trainer's imports), `fill` (the meta-device start has filled this rank's shards), `start` (the
-training loop begins: the model built, loaded, sharded, probed, evaluated at the start, the optimizer made),
+`runtime` (after the trainer's imports), `fill` (the meta-device start has filled this rank's shards), `probe` (the
+LoRA probe's forward on the sharded model), `at_start` (the evaluation of the start, sharded), `start` (the training
+loop begins: the optimizer made),
 `first_forward` (after the first training forward), `step` (after the first optimizer step), `checkpoint` (after the
 final checkpoint), `evaluation` (after the final evaluation), `end`. Beside: the fp32 weight bytes, the final step
 folder's size against the base folder's. Writes benchmarks/results/phase_memory.json and prints a Markdown table.
@@ -68,7 +69,7 @@ ROWS = {"lora_bf16": ["train.sharding=fsdp", "model.lora.r=16"],
         "full_bf16": ["train.sharding=fsdp"],
         "full_fp32": ["train.sharding=fsdp", "train.precision=fp32"],
         "ddp_lora_bf16": ["train.sharding=ddp", "model.lora.r=16"]}
-PHASES = ("runtime", "fill", "start", "first_forward", "step", "checkpoint", "evaluation", "end")
+PHASES = ("runtime", "fill", "probe", "at_start", "start", "first_forward", "step", "checkpoint", "evaluation", "end")
 
 
 def make_decoder_folder(folder: Path, config: dict[str, Any], shard_size: str) -> int:
@@ -129,7 +130,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of the real command; ru_maxrss at each phase into RESULT_DIR (the hooks read, change nothing)."""
     import torch.distributed as dist
 
-    import magclip.training.text  # noqa: F401  (the trainer's imports: the runtime before any model)
+    import magclip.training.text as task  # the trainer's imports: the runtime before any model
     from magclip.cli import as_command
     from magclip.cli.train_text import main
     from magclip.training import shard_fill
@@ -171,6 +172,19 @@ def worker(args: argparse.Namespace) -> None:
         record["evaluation"] = peak()
         return out
 
+    started, start_evaluation = task.start_sharded, task.start_evaluation
+
+    def noting_the_probe(*a: Any, **k: Any):
+        out = started(*a, **k)
+        record["probe"] = peak()
+        return out
+
+    def noting_the_start_evaluation(*a: Any, **k: Any):
+        out = start_evaluation(*a, **k)
+        record["at_start"] = peak()
+        return out
+
+    task.start_sharded, task.start_evaluation = noting_the_probe, noting_the_start_evaluation
     shard_fill.materialise = noting_the_fill
     Engine.fit, Engine._train_step, Engine.save_checkpoint, Engine.run_evaluation = (
         noting_the_start, noting_the_step, noting_the_checkpoint, noting_the_evaluation)
@@ -288,7 +302,8 @@ def main() -> None:
                      "base_folder_bytes": folder_bytes(base), "batch_per_process": args.batch, "tokens": args.seq,
                      "steps": args.steps, "config": config.read_text(), "rows": ROWS},
            "phases": {"runtime": "after the trainer's imports", "fill": "the meta-device start filled this rank's "
-                      "shards (fsdp only)", "start": "the training loop begins (model built, sharded, probed, "
+                      "shards (fsdp only)", "probe": "the LoRA probe's forward on the sharded model (fsdp only)",
+                      "at_start": "eval.at_start's evaluation (sharded under fsdp)", "start": "the training loop begins (model built, sharded, probed, "
                       "evaluated at the start; optimizer made)", "first_forward": "after the first training forward",
                       "step": "after the first optimizer step", "checkpoint": "after the final checkpoint",
                       "evaluation": "after the final evaluation", "end": "the whole command"},
