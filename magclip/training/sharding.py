@@ -49,6 +49,7 @@ from magclip.distributed import Share
 from magclip.models.blocks import repeated_blocks
 from magclip.training import shard_fill
 from magclip.training.shard_fill import local
+from magclip.training.sharded_lookup import can_look_up_sharded, shard_rows
 
 log = logging.getLogger("magclip.training.sharding")
 
@@ -217,14 +218,23 @@ class FSDPSharding(Sharding):
         for unit in units:
             fully_shard(unit, mp_policy=policy, ignored_params=scalars & set(unit.parameters()) or None)
         tables = own_units(towers, units)   # token embeddings (and an output head): gathered around their own forward
+        looked_up = [t for t in tables if can_look_up_sharded(t)]   # frozen tables: never gathered (sharded_lookup.py)
+        if looked_up:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(self.acc.device.type, (self.acc.num_processes,))
+            for table in looked_up:
+                shard_rows(table, mesh)
         for table in tables:
-            fully_shard(table, mp_policy=policy, reshard_after_forward=True)
+            if table not in looked_up:
+                fully_shard(table, mp_policy=policy, reshard_after_forward=True)
+        scalars |= {t.weight for t in looked_up}   # the root unit leaves them alone: they are sharded by rows already
         # the root unit (embeddings, projections, the stem) is freed after the forward too, not kept gathered until the
         # backward as FSDP2 keeps a root by default: one more all-gather a step for that memory
         fully_shard(towers, mp_policy=policy, ignored_params=scalars or None, reshard_after_forward=True)
-        log.info("train.sharding=fsdp: %d blocks, %d embedding tables or heads and the towers sharded over %d processes "
-                 "(parameters in use: %s, gradient reduction fp32); loss parameters replicated: %d tensors", len(units),
-                 len(tables), self.acc.num_processes,
+        log.info("train.sharding=fsdp: %d blocks, %d embedding tables or heads (%d frozen, looked up where their rows "
+                 "are) and the towers sharded over %d processes (parameters in use: %s, gradient reduction fp32); loss "
+                 "parameters replicated: %d tensors", len(units), len(tables), len(looked_up), self.acc.num_processes,
                  "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
                  len(self._replicated))
         self._fill_from_weights(module)
