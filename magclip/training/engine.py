@@ -619,7 +619,7 @@ class Engine:
 
     def load_checkpoint(self, path: Path) -> None:
         state = self.checkpointer.load_state(path)
-        if self.frozen_base is not None or state["loop"].get("trainable_only"):   # adapters mean nothing on another base
+        if state["loop"].get("trainable_only"):   # a LoRA checkpoint: its adapters mean nothing on another base
             check_base(state.get("base"), self.frozen_base or {}, path)
         with naming_lost_ranks(f"the loading of checkpoint {path}"):
             how = load_training_weights(path, state, self.unwrapped, self.optimizer, self.sharding)
