@@ -5,7 +5,10 @@
 - `fsdp`: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) shards the parameters, gradients and
   optimizer state of the towers across the processes: about 16/N bytes a parameter. Each repeated block of
   a tower (open_clip's residual blocks, a ResNet stage's bottlenecks, a BERT's or a decoder's layers:
-  `shard_units`) is its own unit, gathered just before its forward and freed after, then the tower itself.
+  `shard_units`) is its own unit, gathered just before its forward and freed after, then the tower itself. A
+  token embedding table (and an output head) is a unit of its own too (`own_units`), gathered around its lookup
+  alone; a frozen one (a LoRA run's base) is never gathered: each rank keeps its rows and looks up the ids that fall
+  there (training/sharded_lookup.py).
   With `train.precision` bf16 the gathered parameters and the compute are bf16 while the shards (the master
   weights) and the gradient reduction stay fp32 (`MixedPrecisionPolicy`).
 
@@ -22,7 +25,9 @@ process also writes the consolidated model (the open_clip or sentence-transforme
 open), gathered from the shards. DCP reshards on load: a checkpoint written by N processes continues on M.
 `train.save_full_model` says which checkpoints also hold that consolidated model: `every` (the default),
 `last` (the run's final checkpoint) or `never` (the DCP shards alone; `magclip-consolidate` writes the model
-folder from them offline, on one process, tensor by tensor: magclip.training.consolidate).
+folder from them offline, on one process, tensor by tensor: magclip.training.consolidate). A LoRA run's shards hold
+only what trains (`save_sharded(trainable_only=True)`), its adapters are gathered alone (`gathered_trainable`) for
+peft's adapter folder, and no merged model is ever gathered (`magclip-consolidate --merge`: training/merge.py).
 
 Evaluation during and after training runs on every rank with the sharded model (`eval_share`): each rank
 encodes its share of the batches, the embeddings are gathered on the main process, which computes the
