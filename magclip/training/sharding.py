@@ -39,7 +39,9 @@ process fsdp evaluates the module itself, like ddp.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -377,16 +379,52 @@ class FSDPSharding(Sharding):
         return {"weights_sha256": digests[0], "replicated_sha256_by_rank": replicated}
 
     def _streamed_digest(self, module: nn.Module) -> str | None:
-        """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), each
-        parameter gathered in turn (a collective per parameter): the whole model is never held at once."""
-        named = sorted(module.named_parameters(), key=lambda item: item[0])
-        full = ((name, p.full_tensor() if hasattr(p, "full_tensor") else p) for name, p in named)
+        """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), no tensor
+        ever gathered whole: a parameter sharded by rows is hashed shard after shard in rank order (its bytes are
+        their concatenation), each rank sending its rows to the main process in pieces of `DIGEST_PIECE_BYTES`."""
+        main = self.acc.is_main_process
+        digest = hashlib.sha256() if main else None
         with distributed.naming_lost_ranks("the digest of the final weights"):
-            if self.acc.is_main_process:
-                return distributed.digest_of(full)
-            for _ in full:
-                pass
-        return None
+            for name, p in sorted(module.named_parameters(), key=lambda item: item[0]):
+                if digest is not None:
+                    digest.update(name.encode())
+                if shard_fill.local_rows(p) is None:   # whole on every rank (or gathered: a replicated DTensor)
+                    full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                    if digest is not None:
+                        digest.update(_bytes_of(full))
+                    continue
+                for source, piece in _pieces_in_rank_order(p, self.acc.process_index, self.acc.num_processes):
+                    if digest is not None and piece is not None:
+                        digest.update(_bytes_of(piece))
+        return digest.hexdigest() if digest is not None else None
+
+
+DIGEST_PIECE_BYTES = 16 * 2**20
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _pieces_in_rank_order(p: torch.Tensor, rank: int, world: int) -> Iterator[tuple[int, torch.Tensor | None]]:
+    """The rows of a parameter sharded on dim 0, rank after rank, in pieces: on the main process each piece (its own,
+    or received), elsewhere None after sending its own. Every rank walks the same sequence (point-to-point pairs)."""
+    rows = [len(c) for c in torch.arange(p.shape[0]).chunk(world)] + [0] * world
+    row_bytes = max(1, math.prod(p.shape[1:]) * p.element_size())
+    step = max(1, DIGEST_PIECE_BYTES // row_bytes)
+    mine = shard_fill.local(p).detach().contiguous()
+    for source in range(world):
+        for start in range(0, rows[source], step):
+            count = min(step, rows[source] - start)
+            if source == 0 and rank == 0:
+                yield source, mine[start:start + count]
+            elif rank == 0:
+                piece = torch.empty((count, *p.shape[1:]), dtype=mine.dtype, device=mine.device)
+                dist.recv(piece, source)
+                yield source, piece
+            elif rank == source:
+                dist.send(mine[start:start + count].contiguous(), 0)
+                yield source, None
 
 
 def evaluation_share(sharding: str, accelerator: Accelerator) -> Share:
