@@ -153,7 +153,8 @@ def consolidate(step: str | Path, out: str | Path | None = None) -> Consolidated
     """The model files of a sharded step folder, written into `out` (default: the step folder itself, where
     train.save_full_model=every would have written them); a folder already holding them is refused. A LoRA run's
     step folder is merged instead (magclip.training.merge, `magclip-consolidate --merge`)."""
-    step = Path(step)
+    checkpoint = ShardedCheckpoint(step)   # a folder without shards is refused first, as before
+    step = checkpoint.step
     found = saved_config(step)
     if found is None:
         raise FileNotFoundError(f"{step} records no config.yaml (nor does its run folder): the model it "
@@ -163,7 +164,6 @@ def consolidate(step: str | Path, out: str | Path | None = None) -> Consolidated
     if lora.get("r"):
         raise ValueError(f"{step} belongs to a LoRA run (model.lora.r={lora['r']}): its checkpoint holds the adapters, "
                          "not the model; `magclip-consolidate STEP --merge` merges them onto the base")
-    checkpoint = ShardedCheckpoint(step)
     if any(name.startswith("clip.clip.") for name in checkpoint.tensors):
         return _consolidate_clip(checkpoint, from_dict(RunConfig, raw, str(source)), Path(out or checkpoint.step))
     if any(name.startswith("encoder.") for name in checkpoint.tensors):
