@@ -21,6 +21,11 @@ per GPU, started by torchrun; NCCL) trains, one after the other, in this order w
    of a seeded random tensor, lora_B zero), so no GPU and no host process ever holds the whole model.
    `--dry-run` builds it on the meta device only and prints its parameter count and each rank's bytes at 1-8
    GPUs, allocating nothing (runs on a CPU: `python benchmarks/bench_gpu_sharding.py --dry-run`).
+   After its timed steps it takes the path a LoRA run takes at the defaults (issue 62): a checkpoint that holds the
+   adapters and their optimizer state alone (`Engine(frozen_base=..., save_trained=...)`: the DCP shards without
+   the frozen base, the adapters gathered whole on rank 0 and written as safetensors; no merged model) and a
+   sharded evaluation (`Engine.evaluate_model`: every rank encodes its own batch with the sharded model), each
+   timed, with the GPU peak over it and the checkpoint folder's size. It runs first (the default `--runs`).
 
 Each run: `train.precision=bf16` (accelerate autocast; under fsdp the gathered parameters and the compute are
 bf16, the shards, the master weights and the gradient reduction fp32), fused AdamW, grad clipping 1.0,
@@ -201,7 +206,10 @@ def one_run(model: str, sharding: str, args: argparse.Namespace) -> dict[str, An
         torch.cuda.reset_peak_memory_stats()
     t_build = time.perf_counter()
     module, batch = build(model, args, acc.device, seed=acc.process_index)
-    engine = make_engine(module, cfg, acc, run_dir, sharding=start_sharded(module, acc, cfg))
+    lora = sharding.endswith("_lora")
+    engine = make_engine(module, cfg, acc, run_dir, sharding=start_sharded(module, acc, cfg),
+                         **({"frozen_base": {"path": None, "fingerprint": None, "dtype": "float32", "seed": 0},
+                             "save_trained": save_adapters} if lora else {}))
     del module
     probe = StateProbe(engine)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -227,6 +235,8 @@ def one_run(model: str, sharding: str, args: argparse.Namespace) -> dict[str, An
               **probe.records[-1], "allocated_at_timed_start_bytes": at_start,
               **{f"run_{k}": v for k, v in whole.items()}, **{f"timed_{k}": v for k, v in _cuda_peaks().items()},
               "levers": engine.levers}
+    if lora:   # the checkpoint (adapters and their optimizer state only) and a sharded evaluation, each timed
+        record.update(lora_checkpoint_and_evaluation(engine, batch, sync))
     probe.close()
     acc.free_memory(engine.model, engine.optimizer)
     del engine, batch, out
@@ -234,6 +244,36 @@ def one_run(model: str, sharding: str, args: argparse.Namespace) -> dict[str, An
     if cuda:
         torch.cuda.empty_cache()
     return record
+
+
+def save_adapters(module: Any, trained: dict[str, Any], folder: Path) -> None:
+    """The checkpoint's adapter file (the 7 B module has peft's layers without a PeftModel: the tensors alone)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in trained.items() if "lora_" in k}, str(folder / "adapter_model.safetensors"))
+
+
+def lora_checkpoint_and_evaluation(engine: Any, batch: dict[str, Any], sync: Any) -> dict[str, Any]:
+    """engine.save_checkpoint() (the LoRA path: no base, no merged model) and one sharded encoding of this rank's batch
+    (engine.evaluate_model), timed, with the GPU peaks over each and the step folder's bytes."""
+    import torch
+
+    out: dict[str, Any] = {}
+    cuda = torch.cuda.is_available()
+    for name, run in (("checkpoint", engine.save_checkpoint),
+                      ("evaluation", lambda: engine.evaluate_model(lambda m: m(batch)))):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        t0 = time.perf_counter()
+        done = run()
+        sync()
+        out[f"{name}_s"] = time.perf_counter() - t0
+        out.update({f"{name}_{k}": v for k, v in _cuda_peaks().items()})
+        if name == "checkpoint":
+            out["checkpoint_folder_bytes"] = sum(f.stat().st_size for f in Path(done).rglob("*") if f.is_file())
+    engine.model.train()
+    return out
 
 
 def _cuda_peaks() -> dict[str, int]:
@@ -282,7 +322,7 @@ def main() -> None:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--runs", default="clip:fsdp,text:fsdp,clip:ddp,text:ddp")
+    p.add_argument("--runs", default="text7b:fsdp_lora,clip:fsdp,text:fsdp,clip:ddp,text:ddp")
     p.add_argument("--budget-s", type=float, default=400, help="no run starts past this (elapsed + slowest run)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke check: tiny-vit, a 2-layer decoder, batch 2, 1+2 steps")
     p.add_argument("--out", default=None, help="JSON (default results/gpu_sharding.json; --tiny: gpu_sharding_tiny.json)")

@@ -142,7 +142,7 @@ def worker(args: argparse.Namespace) -> None:
     import magclip.training.text  # noqa: F401  (the trainer's imports: the runtime before any model)
     from magclip.cli import as_command
     from magclip.cli.train_text import main
-    from magclip.training import meta_start
+    from magclip.training import shard_fill
     from magclip.training.engine import Engine
 
     record: dict[str, Any] = {"runtime_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
@@ -165,14 +165,14 @@ def worker(args: argparse.Namespace) -> None:
         return fit(engine)
 
     Engine.fit = noting_the_start
-    fill = meta_start.materialise
+    fill = shard_fill.materialise
 
     def noting_the_reads(module, device):   # the meta-device start: what this rank read of the weights files
         record["meta_start_read"] = fill(module, device)
         record["peak_after_fill_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return record["meta_start_read"]
 
-    meta_start.materialise = noting_the_reads
+    shard_fill.materialise = noting_the_reads
     as_command(lambda: main(["--config", args.config, *args.overrides]))()
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0

@@ -161,13 +161,14 @@ def train_config(sharding: str, precision: str, batch: int):
                        precision=precision, sharding=sharding, channels_last=False, max_steps=1000)
 
 
-def make_engine(module: Any, cfg: Any, acc: Any, run_dir: Path, sharding: Any = None):
+def make_engine(module: Any, cfg: Any, acc: Any, run_dir: Path, sharding: Any = None, **engine_kwargs: Any):
     """The real Engine around `module` on the accelerator's device; batches go to `_train_step` directly (no
-    loader, no checkpoint). `sharding`: one that sharded the module already (a meta-device start)."""
+    loader). `sharding`: one that sharded the module already (a meta-device start); `engine_kwargs`: the Engine's
+    (a LoRA run's frozen_base and save_trained, for its checkpoint)."""
     from magclip.training.engine import Engine
 
     return Engine(cfg, acc, module.to(acc.device), run_dir, lambda epoch: [], steps_per_epoch=1000,
-                  save_model=lambda m, step_dir: None, sharding=sharding)
+                  save_model=lambda m, step_dir: None, sharding=sharding, **engine_kwargs)
 
 
 class StateProbe:

@@ -184,7 +184,9 @@ class TrainConfig:
                                       # sentence-transformers'), gathered on the main process: every / last / never
                                       # (the DCP shards alone; magclip-consolidate writes it offline). Keep every while
                                       # the whole model fits the main process; last or never when it does not. ddp:
-                                      # every checkpoint writes it (the replica is whole, nothing is gathered)
+                                      # every checkpoint writes it (the replica is whole, nothing is gathered). fsdp +
+                                      # model.lora: every checkpoint holds the adapters, never a merged model
+                                      # (magclip-consolidate STEP --merge writes it offline)
     grad_clip: float | None = 1.0
     seed: int = 0
     log_every: int = 10
@@ -626,10 +628,6 @@ def _check_lora(cfg: RunConfig | TextRunConfig) -> None:
                           "([c_fc, c_proj]), one regex string (peft's full match), or null (the default)")
     if lora.r == 0:
         return
-    if cfg.train.save_full_model == "never":
-        raise ConfigError(f"model.lora.r={lora.r} with train.save_full_model=never: a LoRA run writes its adapter "
-                          "(adapter/) and the merged model with the model files, so it would save neither; use last "
-                          "(the final checkpoint only) or every")
     locked = [k for k in ("lock_text", "lock_image") if getattr(cfg.model, k, False)]
     if locked:
         raise ConfigError(f"model.lora.r={lora.r} with model.{locked[0]}=true: LoRA freezes every weight of the "

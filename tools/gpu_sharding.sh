@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# train.sharding=fsdp on one GPU machine, all its GPUs, as one command under 9 minutes (issue 50, part 2, the GPU
-# form of benchmarks/bench_sharding_memory.py): a randomly initialised ViT-L-14 CLIP and a ~1.1 B Qwen3 decoder
-# embedder under fsdp with bf16, then the same two under ddp as the reference while the budget lasts; memory per
+# train.sharding=fsdp on one GPU machine, all its GPUs, as one command under 9 minutes (issues 50 and 62, the GPU
+# form of benchmarks/bench_sharding_memory.py): first a ~7.1 B decoder embedder + LoRA r=16 under fsdp (built on the
+# meta device, each rank filling its shards; a checkpoint of the adapters alone, no merged model, and a sharded
+# evaluation, each timed), then a randomly initialised ViT-L-14 CLIP and a ~1.1 B Qwen3 decoder embedder under fsdp
+# with bf16, then the same two under ddp as the reference while the budget lasts; memory per
 # GPU (torch.cuda.max_memory_allocated / reserved, the sharded state from engine.sharding.memory_record) and
 # samples/s over 10 steps after 3 warm-up steps, into $OUT/gpu_sharding.json (benchmarks/bench_gpu_sharding.py).
 # With one GPU it runs at world size 1 and says that fsdp does not shard there.

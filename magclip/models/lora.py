@@ -189,8 +189,12 @@ def _check_used(model: nn.Module, probe: Callable[[nn.Module], object], what: st
     handles = [m.register_forward_hook(lambda mod, args, out, name=n: called.add(name)) for n, m in layers.items()]
     was_training = model.training
     model.eval()  # no BatchNorm statistics updated, no dropout drawn: the probe leaves the model as it was
+    # a deferred probe meets a base held in bf16 already (a convolution's fp32 input would not meet its weights): it
+    # computes under bf16 autocast, as training and evaluation do
+    frozen = next((p for p in model.parameters() if not p.requires_grad and p.is_floating_point()), None)
+    bf16 = frozen is not None and frozen.dtype == torch.bfloat16
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(frozen.device.type if bf16 else "cpu", torch.bfloat16, enabled=bf16):
             if run is None:
                 probe(model)
             else:
@@ -228,12 +232,19 @@ def base_dtype_for(precision: str, model: nn.Module) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" and not batchnorm else torch.float32
 
 
-def save_adapter(peft_model: nn.Module, folder: str | Path) -> Path:
+def save_adapter(peft_model: nn.Module, folder: str | Path, trained: dict[str, torch.Tensor] | None = None) -> Path:
     """peft's adapter folder (adapter_config.json + adapter_model.safetensors), as `PeftModel.save_pretrained`
-    writes it: `PeftModel.from_pretrained(base, folder)` loads it onto the base model."""
+    writes it: `PeftModel.from_pretrained(base, folder)` loads it onto the base model. `trained`: the adapters
+    under the PeftModel's own names, gathered whole (a sharded model's state dict holds shards)."""
     folder = Path(folder)
-    peft_model.save_pretrained(str(folder), safe_serialization=True)
+    peft_model.save_pretrained(str(folder), safe_serialization=True,
+                               **({"state_dict": trained} if trained is not None else {}))
     return folder
+
+
+def trained_under(trained: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The gathered trainable tensors of the sub-module at `prefix` (`clip.clip.`), under its own names."""
+    return {k[len(prefix):]: v for k, v in trained.items() if k.startswith(prefix)}
 
 
 def merged_model(peft_model: nn.Module) -> nn.Module:
@@ -326,11 +337,17 @@ def merged_encoder(encoder: nn.Module) -> nn.Module:
                      encoder.default_scorer, encoder.source, query_head=head, passage_head=passage_head)
 
 
-def save_text_adapters(encoder: nn.Module, folder: str | Path) -> None:
-    """adapter/ (one tower) or adapter/query + adapter/passage (two), each peft's folder."""
+def save_text_adapters(encoder: nn.Module, folder: str | Path, trained: dict[str, torch.Tensor] | None = None,
+                       prefix: str = "encoder.") -> None:
+    """adapter/ (one tower) or adapter/query + adapter/passage (two), each peft's folder; `trained`: the module's
+    trainable tensors gathered whole, the encoder's at `prefix`."""
     folder = Path(folder)
+
+    def own(side: str) -> dict[str, torch.Tensor] | None:
+        return None if trained is None else trained_under(trained, f"{prefix}{side}_model.")
+
     if encoder.passage_model is None:
-        save_adapter(encoder.query_model, folder)
+        save_adapter(encoder.query_model, folder, own("query"))
         return
-    save_adapter(encoder.query_model, folder / "query")
-    save_adapter(encoder.passage_model, folder / "passage")
+    save_adapter(encoder.query_model, folder / "query", own("query"))
+    save_adapter(encoder.passage_model, folder / "passage", own("passage"))

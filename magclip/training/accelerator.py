@@ -12,6 +12,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from magclip.config import TrainConfig
+from magclip.training.host_memory import return_freed_memory
 from magclip.training.levers import resolve_precision
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -35,6 +36,8 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))
     precision, _ = resolve_precision(cfg.precision, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     _allow_another_precision(MIXED_PRECISION[precision])
+    if cfg.sharding == "fsdp" and not torch.cuda.is_available():
+        return_freed_memory()   # FSDP's gathered units would otherwise stay resident (training/host_memory.py)
     return Accelerator(mixed_precision=MIXED_PRECISION[precision], project_dir=str(run_dir),
                        cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
 

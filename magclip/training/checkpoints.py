@@ -28,6 +28,7 @@ from torch import nn
 
 from magclip.config import RESUMABLE_KEYS, RESUME_CAVEATS, ConfigError, experiment_differences
 from magclip.io import atomic_torch_save, atomic_write_text, publish_dir, recover_dir, safe_torch_load
+from magclip.training.frozen_base import write_base
 
 log = logging.getLogger("magclip.training.checkpoints")
 
@@ -200,14 +201,20 @@ class Checkpointer:
         self.write_or_fail(step, lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
         return tmp
 
-    def finish(self, module: nn.Module | None, state: dict[str, Any], step: int) -> Path:
-        """The model files (none for `module` None: a sharded checkpoint without them, train.save_full_model),
-        state.pt and config.yaml into the temporary folder, renamed into place; `latest` then points at it."""
+    def finish(self, module: nn.Module | None, state: dict[str, Any], step: int,
+               write_model: Callable[[Path], None] | None = None) -> Path:
+        """The model files (none for `module` None: a sharded checkpoint without them, train.save_full_model; or
+        `write_model(folder)`'s: a LoRA run's adapters under fsdp), state.pt, config.yaml and a LoRA run's base.json
+        into the temporary folder, renamed into place; `latest` then points at it."""
         final, tmp = self.dir / f"step_{step:08d}", self.tmp_dir(step)
 
         def write() -> None:
-            if module is not None:
+            if write_model is not None:
+                write_model(tmp)
+            elif module is not None:
                 self.save_model(module, tmp)
+            if state.get("base") is not None:
+                write_base(tmp, state["base"])
             atomic_torch_save(state, tmp / STATE_FILE)
             if self.run_config is not None:
                 atomic_write_text(tmp / CONFIG_FILE, yaml.safe_dump(self.run_config, sort_keys=False))

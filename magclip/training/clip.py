@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from magclip.config import LossConfig, RunConfig, to_dict
-from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_retrieval_set
 from magclip.data.captions import CaptionKey
 from magclip.data.decoded_cache import DecodedCache, cache_wanted, default_budget_mb
 from magclip.data.decoded_cache import fill as fill_decoded_cache
+from magclip.data.eval_sets import TRAINING_HINT, EvalSet, resolve_retrieval_set
 from magclip.data.shard_reader import DEFAULT_MAX_IMAGE_PIXELS
 from magclip.data.shards import build_clip_loader, count_samples
 from magclip.data.synthetic import ensure_synthetic
@@ -30,7 +30,15 @@ from magclip.io import atomic_write_json
 from magclip.losses import CLIPLoss, SigLIPLoss
 from magclip.metrics.relevance import MATCHING
 from magclip.models.clip import CHECKPOINT_META, RawCLIP, create_clip, save_open_clip_folder, uint8_transform
-from magclip.models.lora import ADAPTER_DIR, adapt_clip, is_peft, lora_on, merged_model, save_adapter
+from magclip.models.lora import (
+    ADAPTER_DIR,
+    adapt_clip,
+    is_peft,
+    lora_on,
+    merged_model,
+    save_adapter,
+    trained_under,
+)
 from magclip.similarity import Scorer, evaluation_scorers, resolve_specs
 from magclip.temperature import (
     SIGLIP_INIT_BIAS,
@@ -42,6 +50,7 @@ from magclip.temperature import (
 )
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
+from magclip.training.frozen_base import base_identity
 from magclip.training.levers import evaluation_autocast, resolve_precision
 from magclip.training.meta_start import start_sharded, towers_built_for
 from magclip.training.preemption import StopGuard
@@ -197,9 +206,11 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
                              device=accelerator.device,
                              **({"init_logit_bias": logit_bias.value} if logit_bias is not None else {}))
     base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
+    frozen_base = None  # ... and its identity: a LoRA checkpoint holds what trains, the base is read again on resuming
     if lora_on(cfg.model.lora):
         base_dtype = adapt_clip(bundle.model, cfg.model.lora, bundle.preprocess_val, bundle.tokenizer,
                                 resolve_precision(cfg.train.precision, accelerator.device)[0], cfg.train.sharding)
+        frozen_base = base_identity(pretrained_weights(cfg.model.pretrained), base_dtype, seed=cfg.train.seed)
     module = CLIPTrainModule(bundle.model, build_loss(cfg.loss), build_logit_scale(cfg.loss), logit_bias)
     if lora_on(cfg.model.lora):
         module.compile_blocker = "model.lora (compiling adapted towers is untested)"
@@ -279,9 +290,16 @@ def _train_clip(cfg: RunConfig, t0: float, stop: StopGuard) -> dict[str, Any]:
         save_open_clip_folder(clip, step_dir, bundle.model_name, logit_scale=m.logit_scale.value, logit_bias=bias)
         atomic_write_json(step_dir / CHECKPOINT_META, checkpoint_meta(m, cfg))
 
+    def save_trained(m: CLIPTrainModule, trained: dict[str, torch.Tensor], step_dir: Path) -> None:
+        """LoRA under fsdp: peft's adapter folder from the gathered adapters; no merged model (offline: --merge)."""
+        save_adapter(m.clip.clip, step_dir / ADAPTER_DIR, trained_under(trained, "clip.clip."))
+        atomic_write_json(step_dir / CHECKPOINT_META, checkpoint_meta(m, cfg))
+
     write_run_config(cfg, run_dir, accelerator)
+    fsdp_lora = frozen_base is not None and cfg.train.sharding == "fsdp"
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model, evaluate,
-                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
+                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding, frozen_base=frozen_base,
+                    save_trained=save_trained if fsdp_lora else None)
     engine.levers["decoded_cache"] = cache_note
     engine.levers["loader_workers"] = f"{workers} ({workers_note})"
     log.info("decoded-sample cache: %s; loader workers: %d (%s); sample streams: %d (data.streams=%s; the batches "

@@ -151,18 +151,19 @@ class ShardedCheckpoint:
 
 def consolidate(step: str | Path, out: str | Path | None = None) -> Consolidated:
     """The model files of a sharded step folder, written into `out` (default: the step folder itself, where
-    train.save_full_model=every would have written them); a folder already holding them is refused."""
-    checkpoint = ShardedCheckpoint(step)
-    found = saved_config(checkpoint.step)
+    train.save_full_model=every would have written them); a folder already holding them is refused. A LoRA run's
+    step folder is merged instead (magclip.training.merge, `magclip-consolidate --merge`)."""
+    checkpoint = ShardedCheckpoint(step)   # a folder without shards is refused first, as before
+    step = checkpoint.step
+    found = saved_config(step)
     if found is None:
-        raise FileNotFoundError(f"{checkpoint.step} records no config.yaml (nor does its run folder): the model it "
+        raise FileNotFoundError(f"{step} records no config.yaml (nor does its run folder): the model it "
                                 "holds cannot be rebuilt to consolidate it")
     raw, source = found
     lora = (raw.get("model") or {}).get("lora") or {}
     if lora.get("r"):
-        raise ValueError(f"{checkpoint.step} belongs to a LoRA run (model.lora.r={lora['r']}): its shards hold peft's "
-                         "base and adapter tensors, which this command does not merge; the run writes the adapter "
-                         "(adapter/) and the merged model itself at the checkpoints train.save_full_model names")
+        raise ValueError(f"{step} belongs to a LoRA run (model.lora.r={lora['r']}): its checkpoint holds the adapters, "
+                         "not the model; `magclip-consolidate STEP --merge` merges them onto the base")
     if any(name.startswith("clip.clip.") for name in checkpoint.tensors):
         return _consolidate_clip(checkpoint, from_dict(RunConfig, raw, str(source)), Path(out or checkpoint.step))
     if any(name.startswith("encoder.") for name in checkpoint.tensors):

@@ -56,6 +56,7 @@ from magclip.training.checkpoints import (
     set_rng_state,
     tidy_interrupted_writes,
 )
+from magclip.training.frozen_base import check_base
 from magclip.training.levers import compile_choice, compile_module, optimizer_kwargs, resolve_precision, use_channels_last
 from magclip.training.metrics_log import MetricsLog, ResumePoint
 from magclip.training.preemption import StopGuard, state_bytes
@@ -65,6 +66,7 @@ from magclip.training.sharding import (
     load_training_weights,
     make_sharding,
     save_sharded,
+    trainable_state,
 )
 
 __all__ = ["CheckpointWriteError", "Engine", "LoopState", "NonFiniteLossError", "RunWriteError", "TrainModule"]
@@ -184,7 +186,12 @@ class Engine:
                  run_config: dict[str, Any] | None = None,  # the resolved config, kept in each checkpoint
                  started: float | None = None,  # time.perf_counter() when the process began the run
                  stop: StopGuard | None = None,  # signals and time limit (training/preemption.py)
-                 sharding: Sharding | None = None):  # one that sharded the module already (training/meta_start.py)
+                 sharding: Sharding | None = None,  # one that sharded the module already (training/meta_start.py)
+                 frozen_base: dict[str, Any] | None = None,  # a LoRA run's base (training/frozen_base.py): checkpoints
+                 # hold only what trains, the base is read again from its files on resuming
+                 save_trained: Callable[[nn.Module, dict[str, torch.Tensor], Path], None] | None = None):
+        # (module, its trainable parameters gathered whole, step folder): a LoRA run's adapter folder under fsdp,
+        # written instead of save_model's merged model (which would gather the base: magclip-consolidate --merge)
         self.cfg = cfg
         self._started = time.perf_counter() if started is None else started
         self.acc = accelerator
@@ -198,6 +205,8 @@ class Engine:
             raise ValueError(f"the run has no step to take: {steps_per_epoch} steps per epoch (batch {cfg.batch_size} "
                              f"x accum {cfg.accum_freq} x {accelerator.num_processes} processes)")
         self.evaluate = evaluate
+        self.frozen_base = frozen_base
+        self.save_trained = save_trained
         self.stop = stop or StopGuard([], cfg.time_limit)
         self.levers = self._apply_levers(module)
         self.sharding = sharding or make_sharding(cfg.sharding, accelerator,
@@ -209,6 +218,10 @@ class Engine:
         if cfg.sharding == "ddp" and cfg.save_full_model != "every":
             log.info("train.save_full_model=%s applies to fsdp: under ddp every checkpoint writes the model files "
                      "(each process holds the whole model: writing it gathers nothing)", cfg.save_full_model)
+        if frozen_base is not None and cfg.sharding == "fsdp" and accelerator.is_main_process:
+            log.info("LoRA under fsdp: every checkpoint holds the adapters (adapter/, peft's folder) and their optimizer "
+                     "state, never the frozen base nor a merged model (train.save_full_model does not apply): "
+                     "`magclip-consolidate STEP --merge` writes the merged model offline")
         groups = module.param_groups(cfg.weight_decay, cfg.loss_lr)
         impl, self.levers["optimizer"] = optimizer_kwargs(cfg.optimizer_impl, [p for g in groups for p in g["params"]])
         optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **impl)
@@ -562,7 +575,16 @@ class Engine:
         tmp = self.checkpointer.begin(step) if self.acc.is_main_process else self.checkpointer.tmp_dir(step)
         with naming_lost_ranks(f"the sharded checkpoint of step {step}"):
             self.acc.wait_for_everyone()
-            self.checkpointer.write_or_fail(step, lambda: save_sharded(tmp / SHARDED_DIR, self.unwrapped, self.optimizer))
+            self.checkpointer.write_or_fail(step, lambda: save_sharded(tmp / SHARDED_DIR, self.unwrapped, self.optimizer,
+                                                                       trainable_only=self.frozen_base is not None))
+            if self.frozen_base is not None and self.save_trained is not None:   # LoRA: the adapters, gathered alone
+                trained = self.sharding.gathered_trainable(self.unwrapped)
+                if self.acc.is_main_process:
+                    state = self._training_state(skips_by_rank, sharded=True)
+                    self.stop.set_checkpoint_size(state_bytes(state) + _shard_bytes(tmp / SHARDED_DIR))
+                    self.checkpointer.finish(None, state, step,
+                                             write_model=lambda folder: self.save_trained(self.unwrapped, trained, folder))
+                return
             with (self.sharding.full_module(self.unwrapped) if self._writes_full_model() else nullcontext()) as full:
                 if self.acc.is_main_process:
                     state = self._training_state(skips_by_rank, sharded=True)
@@ -576,9 +598,11 @@ class Engine:
         return when == "every" or (when == "last" and self.state.step >= self.total_steps)
 
     def _training_state(self, skips_by_rank: list[dict[str, int]] | None = None, sharded: bool = False) -> dict[str, Any]:
+        partial = self.frozen_base is not None   # a LoRA run: what trains (and the buffers), not the frozen base
+        module_state = None if sharded else trainable_state(self.unwrapped) if partial else dict(self.unwrapped.state_dict())
         return {
             # under fsdp the model and optimizer state are the step folder's DCP shards (sharding.SHARDED_DIR)
-            "module": None if sharded else {k: v for k, v in self.unwrapped.state_dict().items()},
+            "module": module_state,
             "optimizer": None if sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.acc.scaler.state_dict() if self.acc.scaler is not None else None,
@@ -588,12 +612,15 @@ class Engine:
                      "recent_losses": [float(x) for x in self._recent_losses],  # train_loss_recent after a resume
                      "wall_s": self.wall_time_s(), "metrics_lines": self.metrics.lines,
                      "world_size": self.acc.num_processes, "batch_size": self.cfg.batch_size,
-                     "sharding": self.sharding.name},
+                     "sharding": self.sharding.name, "trainable_only": partial},
             "rng": get_rng_state(),
+            **({"base": self.frozen_base} if partial else {}),
         }
 
     def load_checkpoint(self, path: Path) -> None:
         state = self.checkpointer.load_state(path)
+        if state["loop"].get("trainable_only"):   # a LoRA checkpoint: its adapters mean nothing on another base
+            check_base(state.get("base"), self.frozen_base or {}, path)
         with naming_lost_ranks(f"the loading of checkpoint {path}"):
             how = load_training_weights(path, state, self.unwrapped, self.optimizer, self.sharding)
         self.scheduler.load_state_dict(state["scheduler"])

@@ -5,7 +5,10 @@
 - `fsdp`: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`) shards the parameters, gradients and
   optimizer state of the towers across the processes: about 16/N bytes a parameter. Each repeated block of
   a tower (open_clip's residual blocks, a ResNet stage's bottlenecks, a BERT's or a decoder's layers:
-  `shard_units`) is its own unit, gathered just before its forward and freed after, then the tower itself.
+  `shard_units`) is its own unit, gathered just before its forward and freed after, then the tower itself. A
+  token embedding table (and an output head) is a unit of its own too (`own_units`), gathered around its lookup
+  alone; a frozen one (a LoRA run's base) is never gathered: each rank keeps its rows and looks up the ids that fall
+  there (training/sharded_lookup.py).
   With `train.precision` bf16 the gathered parameters and the compute are bf16 while the shards (the master
   weights) and the gradient reduction stay fp32 (`MixedPrecisionPolicy`).
 
@@ -22,7 +25,9 @@ process also writes the consolidated model (the open_clip or sentence-transforme
 open), gathered from the shards. DCP reshards on load: a checkpoint written by N processes continues on M.
 `train.save_full_model` says which checkpoints also hold that consolidated model: `every` (the default),
 `last` (the run's final checkpoint) or `never` (the DCP shards alone; `magclip-consolidate` writes the model
-folder from them offline, on one process, tensor by tensor: magclip.training.consolidate).
+folder from them offline, on one process, tensor by tensor: magclip.training.consolidate). A LoRA run's shards hold
+only what trains (`save_sharded(trainable_only=True)`), its adapters are gathered alone (`gathered_trainable`) for
+peft's adapter folder, and no merged model is ever gathered (`magclip-consolidate --merge`: training/merge.py).
 
 Evaluation during and after training runs on every rank with the sharded model (`eval_share`): each rank
 encodes its share of the batches, the embeddings are gathered on the main process, which computes the
@@ -34,7 +39,9 @@ process fsdp evaluates the module itself, like ddp.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -47,6 +54,9 @@ from torch import nn
 from magclip import distributed
 from magclip.distributed import Share
 from magclip.models.blocks import repeated_blocks
+from magclip.training import shard_fill
+from magclip.training.shard_fill import local
+from magclip.training.sharded_lookup import can_look_up_sharded, shard_rows
 
 log = logging.getLogger("magclip.training.sharding")
 
@@ -59,6 +69,22 @@ def shard_units(tower: nn.Module) -> list[nn.Module]:
     sentence-transformers' Dense: its `__slots__` layout refuses FSDP2's subclass; its parameters stay in the
     tower's unit). Blocks are not searched inside blocks. Models are data: no model name is looked at."""
     return [block for _, block in repeated_blocks(tower, accept=_fsdp_can_wrap)]
+
+
+def own_units(tower: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """The parts outside the repeated blocks that become FSDP units of their own, so that each is gathered only around
+    its own forward and freed after (in the tower's root unit it would stay gathered for the tower's whole forward):
+    every token embedding table (`nn.Embedding`, `nn.EmbeddingBag`: a decoder's vocabulary is its largest tensor, 0.5 GiB
+    of a 0.6 B Qwen3) and an output head (an `nn.Linear` whose weight has an embedding table's shape, as a language
+    model's head has), where its weight is not the embedding's own (tied: it stays in the root)."""
+    inside = {id(m) for unit in units for m in unit.modules()}
+    tables = [m for m in tower.modules() if type(m) in (nn.Embedding, nn.EmbeddingBag) and id(m) not in inside
+              and m.weight.numel() > 0]
+    shapes = {tuple(t.weight.shape) for t in tables}
+    tied = {id(t.weight) for t in tables}
+    heads = [m for m in tower.modules() if type(m) is nn.Linear and id(m) not in inside
+             and tuple(m.weight.shape) in shapes and id(m.weight) not in tied]
+    return tables + heads
 
 
 def _fsdp_can_wrap(cls: type) -> bool:
@@ -129,6 +155,13 @@ class Sharding:
         """The module with its full weights on the main process (for writing the model files); None elsewhere."""
         yield module if self.acc.is_main_process else None
 
+    def gathered_trainable(self, module: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The trainable parameters, whole, on the main process (None elsewhere; every process calls this): a LoRA
+        run's adapters and loss parameters, what its checkpoint's adapter folder is written from."""
+        if not self.acc.is_main_process:
+            return None
+        return {name: p.detach() for name, p in module.named_parameters() if p.requires_grad}
+
     def weights_record(self, module: nn.Module) -> dict[str, Any]:
         """results.json: a digest of every rank's final parameters (equal: the replicas stayed in step)."""
         with distributed.naming_lost_ranks("the comparison of the final weights"):
@@ -165,17 +198,15 @@ class FSDPSharding(Sharding):
         (for the consolidated model files and evaluation) and the loss parameters replicated. Towers built on
         the meta device (magclip.training.meta_start) are then materialised and filled shard by shard. A second
         call (the Engine's, after a meta-device start) only makes the replicated tensors rank 0's again."""
-        from magclip.training.meta_start import materialise, no_weights_attached
-
         if self._template is not None:
             self._broadcast_from_rank0(module)
             return module
-        with no_weights_attached(module):
+        with shard_fill.no_weights_attached(module):
             self._template = _meta_copy(module)
         self._replicated = list(module.loss_parameters())
         if not self.sharded:
             log.info("train.sharding=fsdp on one process: nothing to shard; checkpoints in the sharded format")
-            self._fill_from_weights(module, materialise)
+            self._fill_from_weights(module)
             return module
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -193,22 +224,35 @@ class FSDPSharding(Sharding):
         self._replicated += [p for p in scalars if p.requires_grad]
         for unit in units:
             fully_shard(unit, mp_policy=policy, ignored_params=scalars & set(unit.parameters()) or None)
+        tables = own_units(towers, units)   # token embeddings (and an output head): gathered around their own forward
+        looked_up = [t for t in tables if can_look_up_sharded(t)]   # frozen tables: never gathered (sharded_lookup.py)
+        if looked_up:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(self.acc.device.type, (self.acc.num_processes,))
+            for table in looked_up:
+                shard_rows(table, mesh)
+        for table in tables:
+            if table not in looked_up:
+                fully_shard(table, mp_policy=policy, reshard_after_forward=True)
+        scalars |= {t.weight for t in looked_up}   # the root unit leaves them alone: they are sharded by rows already
         # the root unit (embeddings, projections, the stem) is freed after the forward too, not kept gathered until the
         # backward as FSDP2 keeps a root by default: one more all-gather a step for that memory
         fully_shard(towers, mp_policy=policy, ignored_params=scalars or None, reshard_after_forward=True)
-        log.info("train.sharding=fsdp: %d blocks and the towers sharded over %d processes (parameters in use: %s, "
-                 "gradient reduction fp32); loss parameters replicated: %d tensors", len(units), self.acc.num_processes,
+        log.info("train.sharding=fsdp: %d blocks, %d embedding tables or heads (%d frozen, looked up where their rows "
+                 "are) and the towers sharded over %d processes (parameters in use: %s, gradient reduction fp32); loss "
+                 "parameters replicated: %d tensors", len(units), len(tables), len(looked_up), self.acc.num_processes,
                  "bf16" if bf16 else "fp32 (BatchNorm in the towers)" if self.precision == "bf16" else "fp32",
                  len(self._replicated))
-        self._fill_from_weights(module, materialise)
+        self._fill_from_weights(module)
         return module
 
-    def _fill_from_weights(self, module: nn.Module, materialise: Any) -> None:
+    def _fill_from_weights(self, module: nn.Module) -> None:
         """The meta-device start's second half: allocate this rank's shards and read them from the weights."""
         from magclip.models.build import loaded_on_meta
 
         if loaded_on_meta(module):
-            read = materialise(module, self.acc.device)
+            read = shard_fill.materialise(module, self.acc.device)
             log.info("meta-device start: this process read %d tensors (%.1f MB) of the weights files, its shards",
                      read["tensors"], read["bytes"] / 2**20)
 
@@ -310,6 +354,18 @@ class FSDPSharding(Sharding):
         self._template.train(module.training)
         return self._template.to(self.acc.device) if to_device else self._template
 
+    def gathered_trainable(self, module: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The trainable parameters gathered whole on the main process, one collective a tensor (the adapters: a few
+        MB; the frozen base is never gathered); None elsewhere."""
+        out: dict[str, torch.Tensor] = {}
+        with distributed.naming_lost_ranks("the gathering of the trained parameters"):
+            for name, p in module.named_parameters():
+                if p.requires_grad:
+                    full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                    if self.acc.is_main_process:
+                        out[name] = full.detach().cpu()
+        return out if self.acc.is_main_process else None
+
     def weights_record(self, module: nn.Module) -> dict[str, Any]:
         """results.json: a digest of the consolidated final weights (the shards differ by design), and every rank's
         digest of the replicated loss parameters (equal: they stayed in step)."""
@@ -323,16 +379,52 @@ class FSDPSharding(Sharding):
         return {"weights_sha256": digests[0], "replicated_sha256_by_rank": replicated}
 
     def _streamed_digest(self, module: nn.Module) -> str | None:
-        """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), each
-        parameter gathered in turn (a collective per parameter): the whole model is never held at once."""
-        named = sorted(module.named_parameters(), key=lambda item: item[0])
-        full = ((name, p.full_tensor() if hasattr(p, "full_tensor") else p) for name, p in named)
+        """`distributed.parameters_digest` of the consolidated weights on the main process (None elsewhere), no tensor
+        ever gathered whole: a parameter sharded by rows is hashed shard after shard in rank order (its bytes are
+        their concatenation), each rank sending its rows to the main process in pieces of `DIGEST_PIECE_BYTES`."""
+        main = self.acc.is_main_process
+        digest = hashlib.sha256() if main else None
         with distributed.naming_lost_ranks("the digest of the final weights"):
-            if self.acc.is_main_process:
-                return distributed.digest_of(full)
-            for _ in full:
-                pass
-        return None
+            for name, p in sorted(module.named_parameters(), key=lambda item: item[0]):
+                if digest is not None:
+                    digest.update(name.encode())
+                if shard_fill.local_rows(p) is None:   # whole on every rank (or gathered: a replicated DTensor)
+                    full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                    if digest is not None:
+                        digest.update(_bytes_of(full))
+                    continue
+                for source, piece in _pieces_in_rank_order(p, self.acc.process_index, self.acc.num_processes):
+                    if digest is not None and piece is not None:
+                        digest.update(_bytes_of(piece))
+        return digest.hexdigest() if digest is not None else None
+
+
+DIGEST_PIECE_BYTES = 16 * 2**20
+
+
+def _bytes_of(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _pieces_in_rank_order(p: torch.Tensor, rank: int, world: int) -> Iterator[tuple[int, torch.Tensor | None]]:
+    """The rows of a parameter sharded on dim 0, rank after rank, in pieces: on the main process each piece (its own,
+    or received), elsewhere None after sending its own. Every rank walks the same sequence (point-to-point pairs)."""
+    rows = [len(c) for c in torch.arange(p.shape[0]).chunk(world)] + [0] * world
+    row_bytes = max(1, math.prod(p.shape[1:]) * p.element_size())
+    step = max(1, DIGEST_PIECE_BYTES // row_bytes)
+    mine = shard_fill.local(p).detach().contiguous()
+    for source in range(world):
+        for start in range(0, rows[source], step):
+            count = min(step, rows[source] - start)
+            if source == 0 and rank == 0:
+                yield source, mine[start:start + count]
+            elif rank == 0:
+                piece = torch.empty((count, *p.shape[1:]), dtype=mine.dtype, device=mine.device)
+                dist.recv(piece, source)
+                yield source, piece
+            elif rank == source:
+                dist.send(mine[start:start + count].contiguous(), 0)
+                yield source, None
 
 
 def evaluation_share(sharding: str, accelerator: Accelerator) -> Share:
@@ -360,11 +452,6 @@ def make_sharding(name: str, accelerator: Accelerator, precision: str) -> Shardi
     return FSDPSharding(accelerator, precision) if name == "fsdp" else Sharding(accelerator)
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a tensor: a DTensor's local shard, else the tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _bytes(tensors: Iterable[torch.Tensor]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
@@ -387,13 +474,33 @@ def _meta_copy(module: nn.Module) -> nn.Module:
 # ============================================================================ checkpoints
 
 
-def save_sharded(folder: Any, module: nn.Module, optimizer: Any) -> None:
-    """Every rank writes its shard of the model and optimizer state (DCP) into `folder`; a collective."""
+def save_sharded(folder: Any, module: nn.Module, optimizer: Any, trainable_only: bool = False) -> None:
+    """Every rank writes its shard of the model and optimizer state (DCP) into `folder`; a collective. With
+    `trainable_only` (a LoRA run) the frozen parameters are left out: they are the base's files, read again on resuming."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_state, optim_state = get_state_dict(module, _inner(optimizer))
+    model_state, optim_state = get_state_dict(module, _inner(optimizer),
+                                              options=StateDictOptions(ignore_frozen_params=trainable_only))
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(folder))
+
+
+def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A replica's state dict without its frozen parameters (a LoRA checkpoint's `state.pt`): what trains, and the
+    buffers (BatchNorm statistics move in training; the rest are small)."""
+    frozen = {name for name, p in module.named_parameters() if not p.requires_grad}
+    return {k: v for k, v in module.state_dict().items() if k not in frozen}
+
+
+def _load_partial(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """A trainable-only state into a replica: every key it holds must be the module's, and every trainable parameter
+    must be in it (the frozen ones come from the base's files)."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    lacking = sorted(set(missing) & trainable)
+    if unexpected or lacking:
+        raise ValueError(f"the checkpoint's trained state does not fit this model: {len(unexpected)} unknown keys "
+                         f"{unexpected[:3]}, {len(lacking)} trained parameters missing {lacking[:3]}")
 
 
 def load_training_weights(step: Any, state: dict[str, Any], module: nn.Module, optimizer: Any,
@@ -413,22 +520,29 @@ def load_training_weights(step: Any, state: dict[str, Any], module: nn.Module, o
 
     folder = Path(step) / SHARDED_DIR
     inner = _inner(optimizer)
+    partial = bool(state["loop"].get("trainable_only"))   # a LoRA checkpoint: the base is read from its files
     if (folder / ".metadata").is_file():
         import torch.distributed.checkpoint as dcp
 
-        model_state, optim_state = get_state_dict(module, inner)
+        options = StateDictOptions(ignore_frozen_params=partial, strict=not partial)
+        model_state, optim_state = get_state_dict(module, inner, options=options)
         target = {"model": model_state, "optim": optim_state}
-        dcp.load(target, checkpoint_id=str(folder))
-        set_state_dict(module, inner, model_state_dict=target["model"], optim_state_dict=target["optim"])
+        dcp.load(target, checkpoint_id=str(folder))   # a key the checkpoint lacks fails here
+        set_state_dict(module, inner, model_state_dict=target["model"], optim_state_dict=target["optim"],
+                       options=options)
         written_by = state["loop"].get("world_size")
-        return f"sharded checkpoint (written by {written_by or '?'} processes) resharded onto {sharding.acc.num_processes}"
+        return (f"sharded {'trained state' if partial else 'checkpoint'} (written by {written_by or '?'} processes) "
+                f"resharded onto {sharding.acc.num_processes}")
     if state.get("module") is None:
         raise ValueError(f"checkpoint {step} holds neither {SHARDED_DIR}/ (a sharded run's) nor a full module state")
     if not sharding.sharded:
-        module.load_state_dict(state["module"])
+        if partial:
+            _load_partial(module, state["module"])
+        else:
+            module.load_state_dict(state["module"])
         optimizer.load_state_dict(state["optimizer"])
-        return "full state"
-    full = StateDictOptions(full_state_dict=True)
+        return "trained state (the base read from its files)" if partial else "full state"
+    full = StateDictOptions(full_state_dict=True, strict=not partial)
     set_model_state_dict(module, state["module"], options=full)
     set_optimizer_state_dict(module, inner, _by_name(state["optimizer"], module, inner), options=full)
     return f"a replica's full state sharded onto {sharding.acc.num_processes} processes"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import Accelerator
 
 from magclip.config import (
     ConfigError,
@@ -28,7 +29,7 @@ from magclip.config import (
 )
 from magclip.data.beir import beir_to_pairs
 from magclip.data.pairs import PairBatches, read_pairs_with_columns, records_from_dicts, split_batch
-from magclip.distributed import Share
+from magclip.distributed import Share, gather_objects
 from magclip.losses import RetrievalLoss
 from magclip.metrics.ranks import RetrievalMetrics, read_metrics_with_outcomes, write_results_with_outcomes
 from magclip.models.lora import ADAPTER_DIR, adapt_text, lora_on, merged_encoder, save_text_adapters
@@ -37,6 +38,7 @@ from magclip.similarity import make_scorer
 from magclip.temperature import LogitScale, match_cosine_temperature
 from magclip.training.accelerator import make_accelerator
 from magclip.training.engine import Engine, TrainModule
+from magclip.training.frozen_base import base_identity
 from magclip.training.levers import evaluation_autocast, resolve_precision
 from magclip.training.meta_start import start_sharded, towers_built_for
 from magclip.training.preemption import StopGuard
@@ -107,9 +109,9 @@ class TextTrainModule(TrainModule):
 
 def save_text_model(m: TextTrainModule, cfg: TextRunConfig, step_dir: Path, tower_weights=None) -> Path:
     """A step folder's `model/`: the sentence-transformers folder with the trained scorer and scale (`tower_weights`:
-    BiEncoder.save_pretrained's, for an offline consolidation)."""
+    BiEncoder.save_pretrained's, for an offline consolidation or merge, which writes the towers itself)."""
     encoder = m.encoder
-    if lora_on(cfg.model.lora):  # a LoRA run: peft's adapter folder(s), and the merged model as the folder
+    if lora_on(cfg.model.lora) and tower_weights is None:  # a LoRA run: peft's adapter folder(s), and the merged model
         save_text_adapters(encoder, step_dir / ADAPTER_DIR)
         encoder = merged_encoder(encoder)
     return encoder.save_pretrained(step_dir / MODEL_DIR, scorer=m.loss.scorer.to_dict(),
@@ -177,8 +179,10 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     with towers_built_for(cfg.train):   # on the meta device under fsdp (meta_start.py)
         encoder = load_encoder(cfg.model)
     base_dtype = None  # model.lora: adapters through peft (models/lora.py), the base frozen in this dtype
+    frozen_base = None  # ... and its identity: a LoRA checkpoint holds what trains, the base is read again on resuming
     if lora_on(cfg.model.lora):
         base_dtype = adapt_text(encoder, cfg.model.lora, resolve_precision(cfg.train.precision, accelerator.device)[0])
+        frozen_base = base_identity(resolve_model_path(cfg.model.name), base_dtype)
     passage_tokens = training_passage_tokens(cfg.data, encoder)  # config errors before the run folder is touched
     check_enough_records(len(records), cfg, accelerator.num_processes)
     run_dir = prepare_run_dir(cfg, accelerator)
@@ -225,25 +229,36 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
     def save_model(m: TextTrainModule, step_dir: Path) -> None:
         save_text_model(m, cfg, step_dir)
 
+    def save_trained(m: TextTrainModule, trained: dict[str, torch.Tensor], step_dir: Path) -> None:
+        """LoRA under fsdp: peft's adapter folder(s) from the gathered adapters; no merged model (offline: --merge)."""
+        save_text_adapters(m.encoder, step_dir / ADAPTER_DIR, trained)
+
     write_run_config(cfg, run_dir, accelerator)
 
-    # after a meta-device start the main process evaluates the start gathered from the shards (every rank gathers)
-    evaluates = bool(cfg.eval.beir or cfg.eval.sts or cfg.eval.rag)
-    start_module = sharding.eval_module(module) if sharding is not None and cfg.eval.at_start and evaluates else module
+    # after a meta-device start the towers are sharded already: the start is evaluated sharded, every rank encoding
+    # its share as in training's evaluations (never gathered); otherwise every process holds the whole model yet
+    sharded_start = sharding is not None and share.sharded
 
     def evaluate_start() -> RetrievalMetrics:
-        start_module.eval()
-        with torch.no_grad():
-            return evaluate_with(start_module, 0, Share())  # the main process (gathered after a meta start)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                return evaluate_with(module, 0, share if sharded_start else Share())
+        finally:
+            module.train(was_training)
 
-    zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start) \
-        if cfg.eval.at_start and accelerator.is_main_process else ({}, None)
-    if sharding is not None:
-        sharding.release(start_module)
+    zero_shot, start_source = ({}, None)
+    if cfg.eval.at_start and sharded_start:
+        zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start, accelerator)
+    elif cfg.eval.at_start and accelerator.is_main_process:
+        zero_shot, start_source = start_evaluation(cfg, run_dir, evaluate_start)
     accelerator.wait_for_everyone()
+    fsdp_lora = frozen_base is not None and cfg.train.sharding == "fsdp"
     engine = Engine(cfg.train, accelerator, module, run_dir, make_loader, steps_per_epoch, save_model,
                     evaluate if (cfg.eval.beir or cfg.eval.sts or cfg.eval.rag) else None,  # alike on every rank
-                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding)
+                    run_config=to_dict(cfg), started=t0, stop=stop, sharding=sharding, frozen_base=frozen_base,
+                    save_trained=save_trained if fsdp_lora else None)
     try:
         state = engine.fit()
         metrics = engine.run_evaluation()
@@ -256,6 +271,8 @@ def _train_text(cfg: TextRunConfig, t0: float, stop: StopGuard) -> dict[str, Any
         "model": cfg.model.name, "run_dir": str(run_dir), "checkpoint": str(ckpt),
         # None where the last checkpoint holds the shards alone (train.save_full_model=never: magclip-consolidate)
         "final_model": str(ckpt / MODEL_DIR) if (ckpt / MODEL_DIR).is_dir() else None,
+        # a LoRA run's peft folder(s); under fsdp the merged model is written offline (magclip-consolidate --merge)
+        "adapter": str(ckpt / ADAPTER_DIR) if (ckpt / ADAPTER_DIR).is_dir() else None,
         "eval_precision": eval_precision,
         "train_data": cfg.data.train or f"{cfg.data.beir} ({cfg.data.beir_split} qrels)", "records": len(records),
         "train_columns": train_columns,
@@ -287,22 +304,32 @@ def write_step_evaluation(run_dir: Path, step: int, metrics: RetrievalMetrics) -
     return path
 
 
-def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics]
-                     ) -> tuple[dict[str, Any], str]:
+def start_evaluation(cfg: TextRunConfig, run_dir: Path, evaluate: Callable[[], RetrievalMetrics],
+                     accelerator: Accelerator | None = None) -> tuple[dict[str, Any], str]:
     """The evaluation of the model training starts from (`eval.at_start`), and where it came from: computed
     on a fresh run (or copied from `eval.start_cache`, where an identical start was evaluated before) and
     kept in the run folder (`zero_shot.json`, its per-query outcomes beside it), read back on a resumed
-    one, so that results.json reports it, query by query, however often the run was interrupted."""
+    one, so that results.json reports it, query by query, however often the run was interrupted.
+    With `accelerator` (a sharded evaluation) every process calls this: the main process decides whether the
+    start is evaluated, every rank then takes part in it, and the main process gets the metrics."""
     path = run_dir / f"{START_KEY}.json"
-    if cfg.train.resume is None:
-        cache = _start_cache(cfg)
-        if cache is not None and cached_start(cache[0], cache[1], path):
-            return read_metrics_with_outcomes(path, START_KEY), f"copied from {cache[0] / cache[1]}"
+    main = accelerator is None or accelerator.is_main_process
+    cache = _start_cache(cfg) if cfg.train.resume is None and main else None
+    copied = cache is not None and cached_start(cache[0], cache[1], path)
+    fresh = cfg.train.resume is None and not copied
+    if accelerator is not None:   # the main process's decision on every rank (a file check could differ by host)
+        fresh = gather_objects(fresh)[0]
+    if fresh:
         zero_shot = evaluate()
-        write_results_with_outcomes(path, {START_KEY: zero_shot})
-        if cache is not None:
-            store_start(*cache, path)
+        if main:
+            write_results_with_outcomes(path, {START_KEY: zero_shot})
+            if cache is not None:
+                store_start(*cache, path)
         return zero_shot, "evaluated"
+    if not main:
+        return {}, None
+    if copied:
+        return read_metrics_with_outcomes(path, START_KEY), f"copied from {cache[0] / cache[1]}"
     if path.is_file():
         log.info("eval.at_start: the start's evaluation read back from %s (a resumed run)", path)
         return read_metrics_with_outcomes(path, START_KEY), f"read back from {path}"

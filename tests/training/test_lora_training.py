@@ -91,38 +91,71 @@ def test_a_lora_run_resumes_like_the_unbroken_run(tmp_path):
     assert any(not torch.equal(step2[k], adapters[0][k]) for k in step2)
 
 
-def test_lora_under_fsdp_on_two_processes(tmp_path):
-    """A decoder tower (tiny Qwen3, last-token pooling) with LoRA under FSDP2 on 2 gloo processes, bf16 and gradient
-    checkpointing: blocks that hold a frozen bf16 base beside fp32 adapters are sharded and trained (the adapters move
-    between checkpoints), the frozen weights of the merged folder stay, and sentence-transformers opens it."""
+def launch_text(tmp_path: Path, nproc: int, *overrides: str) -> subprocess.CompletedProcess:
+    """train/text.py under `torchrun --nproc_per_node nproc` (gloo); the world size is asserted from results.json."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                           "--master_port", str(free_port()), str(ROOT / "train" / "text.py"), "--config",
+                           str(ROOT / "configs" / "text" / "scifact.yaml"), *overrides],
+                          check=False, env=env, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_lora_under_fsdp_on_two_processes_checkpoints_the_adapters_and_resumes_exactly(tmp_path):
+    """A decoder tower (tiny Qwen3, last-token pooling) with LoRA under FSDP2 on 2 gloo processes, started on the meta
+    device, bf16 and gradient checkpointing: eval.at_start runs sharded; every checkpoint holds peft's adapter folder
+    (no merged model, no frozen base: the DCP shards hold only what trains) and base.json; PeftModel.from_pretrained
+    and sentence-transformers' load_adapter open it; a run resumed from its step-2 checkpoint ends with the unbroken
+    run's weights; the offline merge of the last step equals peft's merge of the adapter onto the base."""
+    from peft import PeftModel
     from sentence_transformers import SentenceTransformer
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModel
 
     decoder = make_tiny_decoder(tmp_path / "decoder")
     overrides = [o for o in toy_run(tmp_path, 16) if not o.startswith("model.name=")]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), str(ROOT / "train" / "text.py"), "--config",
-                           str(ROOT / "configs" / "text" / "scifact.yaml"), *overrides, f"model.name={decoder}",
-                           "model.pooling=last", "model.lora.r=4", "model.grad_checkpointing=true", "name=lora",
-                           "train.sharding=fsdp", "train.precision=bf16", "eval.precision=bf16", "train.batch_size=2",
-                           "train.lr=1e-2", "train.max_steps=3", "train.checkpoint_every=2", "eval.beir={}"],
-                          env=env, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    # the towers started on the meta device, each process reading its shards (models/build.py, meta_start.py)
-    assert "meta-device start: this process read" in proc.stdout + proc.stderr, proc.stderr[-4000:]
-    run = tmp_path / "runs" / "lora"
-    results = json.loads((run / "results.json").read_text())
-    assert results["world_size"] == 2 and results["sharding"] == "fsdp" and "toy/spearman" in results["metrics"]
-    steps = [run / "checkpoints" / f"step_{s:08d}" for s in (2, 3)]
+    common = [*overrides, f"model.name={decoder}", "model.pooling=last", "model.lora.r=4", "model.lora.dropout=0.1",
+              "model.grad_checkpointing=true", "train.sharding=fsdp", "train.precision=bf16", "eval.precision=bf16",
+              "train.batch_size=2", "train.lr=1e-2", "train.max_steps=4", "train.checkpoint_every=2", "eval.beir={}",
+              "eval.at_start=true"]
+    proc = launch_text(tmp_path, 2, *common, "name=whole")
+    out = proc.stdout + proc.stderr
+    assert "meta-device start: this process read" in out and "gathering of the full model" not in out
+    run = tmp_path / "runs" / "whole"
+    whole = json.loads((run / "results.json").read_text())
+    assert whole["world_size"] == 2 and whole["sharding"] == "fsdp" and "toy/spearman" in whole["metrics"]
+    assert "toy/spearman" in whole["zero_shot"] and whole["final_model"] is None and whole["adapter"]
+    steps = [run / "checkpoints" / f"step_{s:08d}" for s in (2, 4)]
+    assert all(not (s / "model").exists() and (s / "base.json").is_file() for s in steps)
+    stored = FileSystemReader(str(steps[1] / "sharded")).read_metadata().state_dict_metadata
+    assert not any("base_layer" in k or "embed_tokens" in k for k in stored)   # the frozen base is not there
+    assert any("lora_A" in k for k in stored) and any(k.startswith("optim.state.") for k in stored)
     adapters = [load_weights(s / "adapter" / "adapter_model.safetensors") for s in steps]
     assert len(adapters[0]) == 2 * 2 * 7  # A and B of 7 Linear layers in each of 2 blocks
-    assert all(float(v.abs().max()) > 0 for k, v in adapters[1].items() if "lora_B" in k)
     assert all(not torch.equal(adapters[0][k], adapters[1][k]) for k in adapters[0])
-    merged = [load_weights(s / "model" / "model.safetensors") for s in steps]
-    adapted = {k for k in merged[0] if k.endswith("proj.weight")}
-    assert len(adapted) == 14 and all(not torch.equal(merged[0][k], merged[1][k]) for k in adapted)
-    assert all(torch.equal(merged[0][k], merged[1][k]) for k in merged[0] if k not in adapted)  # the frozen base
-    assert SentenceTransformer(str(steps[1] / "model"), device="cpu").encode_query(["a cat"]).shape == (1, 32)
+
+    copy_run_at(run, tmp_path / "runs" / "part", steps[0].name)
+    launch_text(tmp_path, 2, *common, "name=part", "train.resume=latest")
+    part = json.loads((tmp_path / "runs" / "part" / "results.json").read_text())
+    assert part["steps"] == whole["steps"] == 4 and part["weights_sha256"] == whole["weights_sha256"]
+    assert part["train_loss_recent"] == whole["train_loss_recent"]
+
+    # the adapter folder opens with peft and sentence-transformers; the offline merge equals peft's merge of it onto
+    # the base held in bf16, as training held it
+    base = AutoModel.from_pretrained(str(decoder))
+    for p in base.parameters():
+        p.data = p.data.to(torch.bfloat16).float()
+    merged_by_peft = PeftModel.from_pretrained(base, str(steps[1] / "adapter")).merge_and_unload()
+    from magclip.training.merge import merge_lora
+
+    done = merge_lora(steps[1], tmp_path / "merged")
+    offline = load_weights(done.weights)
+    reference = merged_by_peft.state_dict()
+    assert offline.keys() == reference.keys() and all(torch.equal(offline[k], reference[k]) for k in offline)
+    st = SentenceTransformer(str(decoder), device="cpu")
+    st.load_adapter(str(steps[1] / "adapter"))
+    assert st.encode(["a cat"]).shape[-1] == 32
 
 
 @pytest.mark.parametrize("override, message, before_run_folder", [
@@ -138,3 +171,50 @@ def test_a_combination_that_cannot_work_ends_the_command_in_one_line(tmp_path, o
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
     assert (tmp_path / "default").exists() is not before_run_folder
+
+
+def test_clip_lora_under_fsdp_trains_saves_and_resumes_end_to_end(tmp_path):
+    """train/clip.py on 2 gloo processes, train.sharding=fsdp + LoRA (default targets from the structure) on an open_clip
+    ViT read from its weights file on the meta device, bf16: the validation runs sharded, every checkpoint holds the
+    adapter folder and base.json (no merged model, no frozen base); a run resumed from step 2 ends with the unbroken
+    run's weights; PeftModel.from_pretrained opens the adapters, and the offline merge gives an open_clip folder."""
+    import open_clip
+    from peft import PeftModel
+
+    from magclip.models.clip import save_checkpoint_for_open_clip
+
+    torch.manual_seed(0)
+    save_checkpoint_for_open_clip(create_clip("tiny-vit").model, tmp_path / "base.safetensors")
+    synth, out = tmp_path / "synthetic", tmp_path / "runs"
+    common = [f"output_dir={out}", f"data.synthetic.root={synth}", "data.synthetic.num_train=1001",
+              "data.synthetic.num_val=32", "data.workers=0", "train.log_every=1", "train.warmup_steps=1",
+              "model.name=tiny-vit", f"model.pretrained={tmp_path / 'base.safetensors'}", "model.lora.r=4",
+              "train.sharding=fsdp", "train.precision=bf16", "train.batch_size=16", "train.max_steps=4",
+              "train.checkpoint_every=2", "train.lr=1e-2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+    def launch(*extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               str(free_port()), str(ROOT / "train" / "clip.py"), *common, *extra],
+                              check=False, env=env, capture_output=True, text=True, timeout=420)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "meta-device start: this process read" in proc.stdout + proc.stderr
+        return json.loads((out / extra[0].split("=", 1)[1] / "results.json").read_text())
+
+    whole = launch("name=whole")
+    assert whole["world_size"] == 2 and whole["sharding"] == "fsdp" and whole["metrics"]["num_samples"] == 32
+    steps = [out / "whole" / "checkpoints" / f"step_{s:08d}" for s in (2, 4)]
+    assert all((s / "adapter" / "adapter_model.safetensors").is_file() and (s / "base.json").is_file()
+               and not (s / "open_clip_model.safetensors").exists() for s in steps)
+    copy_run_at(out / "whole", out / "part", steps[0].name)
+    part = launch("name=part", "train.resume=latest")
+    assert part["steps"] == whole["steps"] == 4 and part["weights_sha256"] == whole["weights_sha256"]
+
+    base = create_clip("tiny-vit", str(tmp_path / "base.safetensors")).model.clip
+    adapted = PeftModel.from_pretrained(base, str(steps[1] / "adapter"))
+    assert sum("lora_A" in n for n, _ in adapted.named_parameters()) == 10   # c_fc and c_proj of 3 + 2 blocks
+    from magclip.training.merge import merge_lora
+
+    merge_lora(steps[1], tmp_path / "merged")
+    model, _, _ = open_clip.create_model_and_transforms("local-dir:" + str(tmp_path / "merged"))
+    assert sum(p.numel() for p in model.parameters()) > 0
