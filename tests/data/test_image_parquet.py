@@ -18,7 +18,7 @@ from builders import ROOT
 from PIL import Image
 
 from magclip.data.image_parquet import convert_image_table
-from magclip.data.shards import iter_tar_samples, load_image
+from magclip.data.shard_reader import iter_tar_samples, load_image
 
 datasets = pytest.importorskip("datasets")
 

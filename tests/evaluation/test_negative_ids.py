@@ -9,7 +9,7 @@ import pytest
 from builders import make_tiny_bert, toy_rows, write_toy_eval
 
 from magclip.cli.train_text import main as train_text_main
-from magclip.data.beir import read_jsonl
+from magclip.data.retrieval_folder import read_jsonl
 from magclip.evaluation.mining import mine_hard_negatives, pairs_from_negative_ids, write_negative_ids
 from magclip.models.text import BiEncoder
 

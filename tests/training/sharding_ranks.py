@@ -163,8 +163,8 @@ def killed(out: Path) -> None:
     """Rank 0 is killed inside the sharded save of step 3, after writing its shard."""
     real_save = sharding_module.save_sharded
 
-    def save_then_die(folder, module, optimizer):
-        real_save(folder, module, optimizer)
+    def save_then_die(folder, module, optimizer, **kwargs):
+        real_save(folder, module, optimizer, **kwargs)
         if world()[0] == 0 and folder.parent.name.endswith("00000003"):
             os.kill(os.getpid(), signal.SIGKILL)
 

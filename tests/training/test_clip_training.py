@@ -365,10 +365,12 @@ def test_bad_samples_are_skipped_and_counted_exactly(tmp_path, bad_first, epochs
     batch = 8
     # num_samples = the good samples: one epoch is exactly one pass over the shards. shuffle_buffer=1
     # keeps the order of the tars, so every bad sample is read before the epoch's last good one (with a
-    # shuffle buffer a bad sample drawn after it would legitimately never be read in that epoch).
+    # shuffle buffer a bad sample drawn after it would legitimately never be read in that epoch). One sample stream:
+    # with two, the stream of fewer good samples starts its next pass (and meets its bad samples again) first.
     results = train_clip(load_config(None, [
         f"output_dir={tmp_path}", "name=bad", "model.name=tiny-resnet", f"data.train={train}", f"data.val={val}",
-        f"data.num_samples={good_total}", "data.shuffle_buffer=1", "data.workers=0", f"train.batch_size={batch}",
+        f"data.num_samples={good_total}", "data.shuffle_buffer=1", "data.workers=0", "data.streams=1",
+        f"train.batch_size={batch}",
         f"train.epochs={epochs}", "train.log_every=1", "train.warmup_steps=1"]))
     expected: dict[str, int] = {}
     for _, reason in BAD_SAMPLES.values():

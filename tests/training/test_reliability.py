@@ -195,7 +195,8 @@ def test_damaged_tars_bombs_and_bad_captions_are_skipped_and_counted_in_a_run(tm
     train, shards = damaged_shards(tmp_path / "shards")
     with caplog.at_level("WARNING", logger="magclip.data"):
         results = train_clip(load_config(None, overrides(
-            tmp_path, "bad", train, f"data.num_samples={DAMAGED_GOOD + 1}", "data.shuffle_buffer=1", batch=8)))
+            tmp_path, "bad", train, f"data.num_samples={DAMAGED_GOOD + 1}", "data.shuffle_buffer=1",
+            "data.streams=1", batch=8)))  # one stream reads the shards in epoch 0's order: every damage is met
     run_dir = tmp_path / "bad"
     assert results["steps"] == 2 and results["samples_seen_per_rank"] == 16  # the run finished
     assert results["skipped_samples"] == DAMAGED_SKIPS
