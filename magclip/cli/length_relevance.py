@@ -53,7 +53,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from magclip.experiments.length_mix import ModelSpec, encode_all
-    from magclip.experiments.length_relevance import CONTRASTS, markdown_report, plot_surface, run_surface, sqrt_len_tables
+    from magclip.experiments.length_relevance import (
+        CONTRASTS,
+        markdown_report,
+        plot_surface,
+        run_surface,
+        sqrt_len_tables,
+    )
     from magclip.io import atomic_write_json, atomic_write_text
 
     models = [ModelSpec.parse(m) for m in args.model]

@@ -34,7 +34,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from magclip.experiments.length_mix import ModelSpec
-    from magclip.experiments.pooling_norm import markdown_table, measure_model, plot_pooling_norm, sample_texts
+    from magclip.experiments.pooling_norm import (
+        markdown_table,
+        measure_model,
+        plot_pooling_norm,
+        sample_texts,
+    )
     from magclip.io import atomic_write_json, atomic_write_text
     from magclip.models.text import BiEncoder
 
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {"data": args.data, "per_form": args.per_form, "seed": args.seed, "forms": {k: len(v) for k, v in forms.items()},
               "passage_max_length": args.passage_max_length, "models": {}}
     for spec in map(ModelSpec.parse, args.model):
-        logging.info("token states of %s", spec.name)
+        logging.getLogger("magclip.pooling_norm").info("token states of %s", spec.name)
         model = BiEncoder.from_pretrained(spec.path, passage_max_length=args.passage_max_length)
         result["models"][spec.name] = measure_model(model, texts, args.seed)
     report = markdown_table(result)

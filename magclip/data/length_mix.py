@@ -117,7 +117,7 @@ def replaced_ids_by_relevance(doc_ids: Sequence[str], relevant: set[str], p_non:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"a share of documents must lie in [0, 1], got {share}")
         order = np.random.default_rng([seed, stream]).permutation(len(ids))
-        out += [ids[i] for i in order[:int(round(share * len(ids)))]]
+        out += [ids[i] for i in order[:round(share * len(ids))]]
     return out
 
 
@@ -192,4 +192,5 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["FIRST_SENTENCE", "SHARES", "SEEDS", "TITLE", "first_sentence", "has_own_titles", "read_manifest",
-           "relevant_ids", "replaced_ids", "replaced_ids_by_relevance", "short_form", "short_forms", "variant_corpus", "variant_name", "write_variants"]
+           "relevant_ids", "replaced_ids", "replaced_ids_by_relevance", "short_form", "short_forms", "variant_corpus",
+           "variant_name", "write_variants"]

@@ -19,6 +19,7 @@ any training. This module measures, on the same texts and per model:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,7 @@ def explained(norm: np.ndarray, shuffled: np.ndarray, curve: np.ndarray, n: np.n
 def binned_curve(n: np.ndarray, values: np.ndarray, edges: Sequence[float]) -> list[dict[str, float]]:
     """Median of `values` per bin of n (for the figure and the table)."""
     out = []
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in pairwise(edges):
         sel = (n >= lo) & (n < hi)
         if sel.any():
             out.append({"n_low": float(lo), "n_high": float(hi), "texts": int(sel.sum()),

@@ -217,8 +217,8 @@ def markdown_report(analysis: Mapping[str, Any], labels: Mapping[str, str] | Non
     lines: list[str] = []
     contrasts = list(dict.fromkeys(c for s in analysis["sets"].values() for c in s["contrasts"]))
     for contrast in contrasts:
-        lines += [f"#### {labels.get(contrast, contrast)} (nDCG@10 ×100; 95 % interval over queries; over the "
-                  f"{len(analysis['seeds'])} choice seeds)", "",
+        lines += [(f"#### {labels.get(contrast, contrast)} (nDCG@10 ×100; 95 % interval over queries; over the "
+                   f"{len(analysis['seeds'])} choice seeds)"), "",
                   "| set | p_non | p_rel = 0 | p_rel = p_non/2 | p_rel = p_non |", "|---|---|---|---|---|"]
         for name, entry in analysis["sets"].items():
             c = entry["contrasts"].get(contrast)
@@ -229,8 +229,8 @@ def markdown_report(analysis: Mapping[str, Any], labels: Mapping[str, str] | Non
                 lines.append(f"| {name} | {p:g} | " + " | ".join(_cell(c["cells"][cell_label(p, round(r * p, 6))])
                                                                   for r in RATIOS) + " |")
         lines.append("")
-    lines += [f"#### Predictions at p_non = {TARGET[0]}, p_rel = {TARGET[1]} (bilinear in p_non and p_rel/p_non; "
-              "beside it a least-squares plane over every cell)", "",
+    lines += [(f"#### Predictions at p_non = {TARGET[0]}, p_rel = {TARGET[1]} (bilinear in p_non and p_rel/p_non; "
+               "beside it a least-squares plane over every cell)"), "",
               "| set | share of all records short | contrast | prediction ×100 [queries; seeds] | plane |",
               "|---|---|---|---|---|"]
     for name, entry in analysis["sets"].items():
@@ -244,8 +244,9 @@ def plot_surface(analysis: Mapping[str, Any], path: str | Path, contrasts: Seque
                  labels: Mapping[str, str] | None = None) -> Path:
     """One column per set, one row per contrast: the difference against p_rel / p_non, a line per p_non
     (band: 95 % query interval), and the prediction at TARGET (star, bar: its interval)."""
-    from magclip.diagnostics.plots import save_figure
     import matplotlib.pyplot as plt
+
+    from magclip.diagnostics.plots import save_figure
 
     labels = dict(labels or {})
     sets = list(analysis["sets"])

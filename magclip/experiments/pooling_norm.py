@@ -97,8 +97,8 @@ def markdown_table(result: Mapping[str, Any]) -> str:
     def cell(s: Mapping[str, float], digits: int = 2) -> str:
         return f"{s['value']:+.{digits}f} [{s['low']:+.{digits}f}, {s['high']:+.{digits}f}]"
 
-    lines = ["| model | pooling | ρ(norm, n) | ρ, tokens shuffled | slope d log‖·‖ / d log n | slope, shuffled "
-             "| shuffled / real slope | ρ(norm / arithmetic, n) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | pooling | ρ(norm, n) | ρ, tokens shuffled | slope d log‖·‖ / d log n | slope, shuffled "
+              "| shuffled / real slope | ρ(norm / arithmetic, n) |"), "|---|---|---|---|---|---|---|---|"]
     for name, m in result["models"].items():
         for pooling, s in m["pooled"].items():
             lines.append(f"| {name} | {pooling} | {cell(s['rho'])} | {cell(s['rho_shuffled'])} | {cell(s['slope'])} | "

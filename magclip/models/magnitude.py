@@ -17,7 +17,7 @@ module where magclip is importable: `SentenceTransformer(path, trust_remote_code
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from sentence_transformers.base.modules.module import Module
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ def inverse_softplus(y: float) -> float:
 class LearnedMagnitude(Module):
     """features[sentence_embedding] ← unit(h) · softplus(w·h + b) (see the module docstring)."""
 
-    config_keys: list[str] = ["dimension", "init_norm"]
+    config_keys: ClassVar[list[str]] = ["dimension", "init_norm"]
 
     def __init__(self, dimension: int, init_norm: float = 1.0):
         super().__init__()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from builders import WORDS, make_tiny_bert  # noqa: E402
+from builders import WORDS, make_tiny_bert
 
-from magclip.experiments.length_mix import FormTables, encode_tables  # noqa: E402
-from magclip.experiments.length_relevance import (  # noqa: E402
+from magclip.experiments.length_mix import FormTables, encode_tables
+from magclip.experiments.length_relevance import (
     TARGET,
     cell_label,
     cells,
@@ -87,7 +87,7 @@ def test_short_non_relevant_records_with_large_norms_hurt_dot_and_relevant_ones_
                                     contrasts={"norm": (("m", "dot"), ("m", "cosine"))}, n_resamples=200)
     entry = analysis["sets"]["planted"]
     cos = entry["means"]["m"]["cosine"]
-    assert len(set(round(v, 12) for v in cos.values())) == 1 and cos["0,0"] == pytest.approx(1.0)
+    assert len({round(v, 12) for v in cos.values()}) == 1 and cos["0,0"] == pytest.approx(1.0)
     c = entry["contrasts"]["norm"]["cells"]
     assert c["0,0"]["diff"] == pytest.approx(0.0)
     assert c["0.75,0"]["diff"] < c["0.75,0.375"]["diff"] <= c["0.75,0.75"]["diff"] + 1e-12

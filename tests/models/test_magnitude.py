@@ -13,7 +13,7 @@ from magclip.models.magnitude import LearnedMagnitude, inverse_softplus, magnitu
 from magclip.models.text import BiEncoder, mean_pool, pool, sqrt_len_pool
 
 st = pytest.importorskip("sentence_transformers")
-from sentence_transformers.sentence_transformer import modules as stm  # noqa: E402
+from sentence_transformers.sentence_transformer import modules as stm
 
 TEXTS = ["the cat sat on the mat", "a dog", "protein cell study results in human brain white matter",
          "red", "gene data model for cancer and cell study with large small blue green results"]
