@@ -229,6 +229,8 @@ def markdown_report(analysis: Mapping[str, Any], labels: Mapping[str, str] | Non
                 lines.append(f"| {name} | {p:g} | " + " | ".join(_cell(c["cells"][cell_label(p, round(r * p, 6))])
                                                                   for r in RATIOS) + " |")
         lines.append("")
+    from magclip.experiments.report import signed
+
     lines += [(f"#### Predictions at p_non = {TARGET[0]}, p_rel = {TARGET[1]} (bilinear in p_non and p_rel/p_non; "
                "beside it a least-squares plane over every cell)"), "",
               "| set | share of all records short | contrast | prediction ×100 [queries; seeds] | plane |",
@@ -236,7 +238,7 @@ def markdown_report(analysis: Mapping[str, Any], labels: Mapping[str, str] | Non
     for name, entry in analysis["sets"].items():
         for contrast, c in entry["contrasts"].items():
             lines.append(f"| {name} | {entry['target_overall_share']:.2f} | {labels.get(contrast, contrast)} | "
-                         f"{_cell(c['prediction'])} | {100 * c['plane']['at_target']:+.1f} |".replace("+-", "−"))
+                         f"{_cell(c['prediction'])} | {signed(c['plane']['at_target'], 100, 1)} |")
     return "\n".join(lines) + "\n"
 
 
