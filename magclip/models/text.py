@@ -606,7 +606,7 @@ def _module_kind(entry: dict[str, Any]) -> str | None:
     """The class name of a sentence-transformers module entry (or of magclip's own head modules,
     models/magnitude.py); None for any other type."""
     kind = str(entry.get("type", ""))
-    if kind.startswith("sentence_transformers.") or kind in _magclip_heads():
+    if kind.startswith("sentence_transformers.") or (kind.startswith("magclip.") and kind in _magclip_heads()):
         return kind.rsplit(".", 1)[-1]
     return None
 
