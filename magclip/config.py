@@ -66,7 +66,8 @@ CAPTION_KEY = re.compile(r"^(txt|json:[^.\s]+(\.[^.\s]+)*)$")
 CAPTION_KEY_HELP = ("use 'txt' (KEY.txt, one caption a line) or 'json:FIELD' (a KEY.json field holding a caption or a "
                     "list of captions; 'json:a.b' inside nested objects)")
 MATCHINGS = ("caption", "image")
-POOLINGS = ("mean", "cls", "last")  # how a text encoder turns token states into one vector (models/text.py)
+POOLINGS = ("mean", "cls", "last", "mean_sqrt_len")  # how a text encoder turns token states into one vector (models/text.py)
+MAGNITUDES = ("learned",)  # a head that sets the pooled vector's norm (models/magnitude.py)
 
 
 class ConfigError(ValueError):
@@ -254,7 +255,8 @@ class RunConfig(RunFolder):
 @dataclass
 class TextModelConfig:
     name: str = "minilm"                   # 'minilm', a local folder, 'pkg:module/sub' or a hub name
-    pooling: str | None = None             # mean / cls / last; None: the folder's own (mean for plain HF)
+    pooling: str | None = None             # mean / cls / last / mean_sqrt_len (sum/sqrt(n)); None: the folder's own
+    magnitude: str | None = None           # "learned": the pooled direction, its norm softplus(w·h+b) (models/magnitude.py)
     query_prefix: str | None = None        # None: the folder's own prompts ('' for plain HF)
     passage_prefix: str | None = None
     query_max_length: int | None = 64
@@ -686,6 +688,8 @@ def _check_text(cfg: TextRunConfig) -> None:
     _check_exponents(cfg.loss, [cfg.loss.mode])
     if cfg.model.pooling is not None and cfg.model.pooling not in POOLINGS:
         raise ConfigError(f"model.pooling={cfg.model.pooling!r}; allowed: {', '.join(POOLINGS)} or null")
+    if cfg.model.magnitude is not None and cfg.model.magnitude not in MAGNITUDES:
+        raise ConfigError(f"model.magnitude={cfg.model.magnitude!r}; allowed: {', '.join(MAGNITUDES)} or null")
     if (cfg.data.train is None) == (cfg.data.beir is None):
         raise ConfigError("set exactly one of data.train (pairs) and data.beir (a BEIR folder)")
     if cfg.eval.identical_ids not in IDENTICAL_ID_RULES:

@@ -21,6 +21,9 @@ The choice (`replaced_ids`): one permutation of the corpus (in its file order) d
 numpy's default_rng; share p replaces the first round(p·N) documents of it, relevant and non-relevant
 alike. One seed's choices are nested: what p = 0.25 replaces, p = 0.5 replaces too, so the curve against
 p is paired within a seed. p = 0 is the corpus itself: one folder, no seed.
+Length and relevance (`replaced_ids_by_relevance`): real corpora's short records are less often relevant
+(pivoted length normalisation's finding), so a second choice draws the share p_non among the documents no
+query judges relevant and p_rel among the judged relevant ones, each class by its own seeded permutation.
 
 `write_variants` writes one BEIR folder per (p, seed): `corpus.jsonl` (the same ids in the same order),
 `queries.jsonl` and `qrels/*.tsv` copied byte for byte, and `replaced.jsonl` (one line per replaced
@@ -96,6 +99,28 @@ def replaced_ids(doc_ids: Sequence[str], share: float, seed: int) -> list[str]:
     return [doc_ids[i] for i in order[:int(round(share * len(doc_ids)))]]
 
 
+def relevant_ids(qrels: Mapping[str, Mapping[str, int]]) -> set[str]:
+    """The documents some query judges relevant (a grade > 0)."""
+    return {d for judged in qrels.values() for d, grade in judged.items() if grade > 0}
+
+
+def replaced_ids_by_relevance(doc_ids: Sequence[str], relevant: set[str], p_non: float, p_rel: float,
+                              seed: int) -> list[str]:
+    """Length and relevance not independent: a share `p_non` of the non-relevant documents and `p_rel` of the
+    relevant ones (`relevant_ids`) replaced, each class drawn by its own permutation (numpy default_rng of
+    [seed, 0] for the non-relevant, [seed, 1] for the relevant, both in corpus order): nested over each share
+    within a seed, and a class's choice does not depend on the other's share."""
+    rel = [d for d in doc_ids if d in relevant]
+    non = [d for d in doc_ids if d not in relevant]
+    out = []
+    for ids, share, stream in ((non, p_non, 0), (rel, p_rel, 1)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"a share of documents must lie in [0, 1], got {share}")
+        order = np.random.default_rng([seed, stream]).permutation(len(ids))
+        out += [ids[i] for i in order[:round(share * len(ids))]]
+    return out
+
+
 def variant_corpus(corpus: Mapping[str, Mapping[str, str]], shorts: Mapping[str, Mapping[str, str]],
                    replaced: Sequence[str]) -> dict[str, dict[str, str]]:
     """The corpus with the `replaced` documents in their short form (ids and order kept)."""
@@ -167,4 +192,5 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["FIRST_SENTENCE", "SHARES", "SEEDS", "TITLE", "first_sentence", "has_own_titles", "read_manifest",
-           "replaced_ids", "short_form", "short_forms", "variant_corpus", "variant_name", "write_variants"]
+           "relevant_ids", "replaced_ids", "replaced_ids_by_relevance", "short_form", "short_forms", "variant_corpus",
+           "variant_name", "write_variants"]

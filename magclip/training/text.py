@@ -72,6 +72,10 @@ def load_encoder(cfg: TextModelConfig, **hf_kwargs) -> BiEncoder:
     enc = BiEncoder.from_pretrained(cfg.name, pooling=cfg.pooling, query_prefix=cfg.query_prefix,
                                     passage_prefix=cfg.passage_prefix, query_max_length=cfg.query_max_length,
                                     passage_max_length=cfg.passage_max_length, shared=cfg.shared, **hf_kwargs)
+    if cfg.magnitude is not None:   # a learned norm after pooling (models/magnitude.py)
+        from magclip.models.magnitude import magnitude_head
+
+        enc.add_head(lambda width: magnitude_head(cfg.magnitude, width))
     if not cfg.length_groups:
         enc.length_group_cost = None
     if cfg.grad_checkpointing:

@@ -91,3 +91,21 @@ def test_variants_on_disk(tmp_path):
     choices = [json.loads((root / f"p=0.5,seed={s}" / "replaced.jsonl").read_text().splitlines()[0])["_id"]
                for s in (0, 1, 2)]
     assert len(set(choices)) > 1   # the seeds choose differently
+
+
+def test_relevance_aware_choice_draws_each_class_at_its_own_share_nested():
+    from magclip.data.length_mix import relevant_ids, replaced_ids_by_relevance
+
+    ids = [f"d{i}" for i in range(40)]
+    relevant = relevant_ids({"q0": {"d0": 1, "d3": 2, "d9": 0}, "q1": {"d5": 1, "d7": 1, "d11": 1, "d13": 1,
+                                                                        "d17": 1, "d19": 1, "d21": 1}})
+    assert relevant == {"d0", "d3", "d5", "d7", "d11", "d13", "d17", "d19", "d21"} and "d9" not in relevant
+    chosen = replaced_ids_by_relevance(ids, relevant, 0.5, 0.0, seed=3)
+    assert len(chosen) == round(0.5 * 31) and not set(chosen) & relevant
+    both = replaced_ids_by_relevance(ids, relevant, 0.5, 1 / 3, seed=3)
+    assert set(chosen) < set(both) and len(set(both) & relevant) == 3
+    more = replaced_ids_by_relevance(ids, relevant, 0.75, 1 / 3, seed=3)
+    assert set(both) < set(more) and set(more) & relevant == set(both) & relevant   # nested; the other class fixed
+    assert replaced_ids_by_relevance(ids, relevant, 0.5, 1 / 3, seed=4) != both
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        replaced_ids_by_relevance(ids, relevant, 0.5, 1.5, seed=0)

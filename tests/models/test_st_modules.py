@@ -215,7 +215,6 @@ def test_other_modules_are_refused_in_one_line_naming_them(dense_folder, tmp_pat
 @pytest.mark.parametrize("config, expected", [
     ({"pooling_mode": "max"}, "'max'"),
     ({"pooling_mode": "weightedmean"}, "'weightedmean'"),
-    ({"pooling_mode": "mean_sqrt_len_tokens"}, "'mean_sqrt_len_tokens'"),
     ({"pooling_mode": ["mean", "max"]}, "['mean', 'max']"),
     ({"pooling_mode_max_tokens": True}, "'max'"),
     ({"pooling_mode_weightedmean_tokens": True}, "'weightedmean'"),

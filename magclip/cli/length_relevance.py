@@ -1,0 +1,107 @@
+"""Length × relevance: short records drawn at p_non among the non-relevant and p_rel among the relevant
+documents, p_non ∈ {0.25, 0.5, 0.75} × p_rel ∈ {0, p_non/2, p_non}, scored per query for every model and
+mode, with the prediction at p_non = 0.55, p_rel = 0.2 (magclip/experiments/length_relevance.py).
+
+    python tools/keep_grid_records.py --grid configs/compare/text_squad_long.yaml --restore docs/data/text_squad_long
+    python eval/length_relevance.py --data ../shared/data/text/{scifact,cranfield,med,xquad_en} \
+        --cache .cache/length_mix/tables \
+        --model zero_shot=minilm \
+        --model cosine=runs/compare/text_squad_long/models/loss=cosine,seed=0 \
+        --model dot=runs/compare/text_squad_long/models/loss=dot,seed=0 \
+        --sqrt-len dot \
+        --out docs/results_text_length_relevance.json --records docs/data/text_length_relevance/per_query.json \
+        --report docs/results_text_length_relevance.md --figure docs/text_length_relevance.png
+
+The form tables are the length-mixing control's (`--cache` is shared with eval/length_mix.py: each model
+encodes each corpus once). `--sqrt-len NAME` adds the model NAME under sum/√n pooling (NAME@sqrt_len), computed
+exactly from its mean-pooled tables; every model besides zero_shot, cosine and dot gets the contrasts
+"NAME dot − cosine (cosine-trained)" and "NAME as cosine − cosine (cosine-trained)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from magclip.cli import as_command, check_paths
+
+BASE_MODELS = ("zero_shot", "cosine", "dot")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", nargs="+", required=True, help="BEIR folders")
+    parser.add_argument("--model", action="append", default=[], required=True, metavar="NAME=PATH")
+    parser.add_argument("--sqrt-len", action="append", default=[], metavar="NAME",
+                        help="also score model NAME under sum/sqrt(n) pooling (exact, from its tables)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="choice seeds (%(default)s)")
+    parser.add_argument("--cache", default=".cache/length_mix/tables", help="form tables and scores, per model NAME")
+    parser.add_argument("--query-max-length", type=int, default=64)
+    parser.add_argument("--passage-max-length", type=int, default=160)
+    parser.add_argument("--cached-only", action="store_true", help="encode nothing; use the cached tables only")
+    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--out")
+    parser.add_argument("--records")
+    parser.add_argument("--report")
+    parser.add_argument("--figure")
+    args = parser.parse_args(argv)
+    check_paths(args, "data")
+    if len(args.seeds) < 2:
+        raise ValueError("--seeds: at least 2 choice seeds (the interval over choices needs them)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from magclip.experiments.length_mix import ModelSpec, encode_all
+    from magclip.experiments.length_relevance import (
+        CONTRASTS,
+        markdown_report,
+        plot_surface,
+        run_surface,
+        sqrt_len_tables,
+    )
+    from magclip.io import atomic_write_json, atomic_write_text
+
+    models = [ModelSpec.parse(m) for m in args.model]
+    tables = encode_all(models, args.data, args.cache, query_max_length=args.query_max_length,
+                        passage_max_length=args.passage_max_length, cached_only=args.cached_only)
+    for name in args.sqrt_len:
+        if name not in tables:
+            raise ValueError(f"--sqrt-len {name}: not one of the --model names ({', '.join(tables)})")
+        tables[f"{name}@sqrt_len"] = {s: sqrt_len_tables(t, args.query_max_length) for s, t in tables[name].items()}
+    contrasts = dict(CONTRASTS)
+    labels = {"dot_minus_cosine": "dot (dot-trained) − cosine (cosine-trained)",
+              "directions": "dot-trained as cosine − cosine-trained (control)",
+              "norm_adds": "dot-trained: dot − its own cosine",
+              "zero_shot_dot_minus_cosine": "zero-shot: dot − cosine"}
+    if "zero_shot" in tables:
+        contrasts["zero_shot_dot_minus_cosine"] = (("zero_shot", "dot"), ("zero_shot", "cosine"))
+    for name in tables:
+        if name not in BASE_MODELS:
+            contrasts[f"{name}:dot_minus_cosine"] = ((name, "dot"), ("cosine", "cosine"))
+            contrasts[f"{name}:directions"] = ((name, "cosine"), ("cosine", "cosine"))
+            labels[f"{name}:dot_minus_cosine"] = f"{name}, dot − cosine (cosine-trained)"
+            labels[f"{name}:directions"] = f"{name} as cosine − cosine-trained (control)"
+    analysis, records = run_surface(args.data, tables, seeds=args.seeds, contrasts=contrasts, cache=args.cache,
+                                    n_resamples=args.resamples)
+    analysis["models"] = {m.name: m.path for m in models}
+    analysis["sqrt_len"] = list(args.sqrt_len)
+    analysis["labels"] = labels
+    report = markdown_report(analysis, labels)
+    print(report)
+    if args.out:
+        atomic_write_json(args.out, analysis)
+    if args.records:
+        Path(args.records).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.records, json.dumps(records, separators=(",", ":")) + "\n")
+    if args.report:
+        atomic_write_text(args.report, report)
+    if args.figure:
+        shown = ["dot_minus_cosine", "directions", *[f"{n}@sqrt_len:dot_minus_cosine" for n in args.sqrt_len]]
+        plot_surface(analysis, args.figure, shown, labels)
+
+
+console = as_command(main)
+
+if __name__ == "__main__":
+    console()
