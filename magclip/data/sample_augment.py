@@ -55,19 +55,15 @@ class SeededAugment:
     def __call__(self, image: Any, seed: int) -> Any:
         generator = torch.default_generator
         torch_state = generator.get_state()
-        if self.torch_only:
-            try:
-                generator.manual_seed(seed)
-                return self.transform(image)
-            finally:
-                generator.set_state(torch_state)
-        py_state, np_state = random.getstate(), np.random.get_state()
+        others = None if self.torch_only else (random.getstate(), np.random.get_state())
         try:
             generator.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
+            if others is not None:
+                random.seed(seed)
+                np.random.seed(seed % 2**32)
             return self.transform(image)
         finally:
             generator.set_state(torch_state)
-            random.setstate(py_state)
-            np.random.set_state(np_state)
+            if others is not None:
+                random.setstate(others[0])
+                np.random.set_state(others[1])
