@@ -187,6 +187,18 @@ def safe_torch_load(path: str | Path) -> Any:
         raise error from None
 
 
+def _weights_copy_ignore(root: Path):
+    """copytree's ignore for `copy_weights_folder`: the root's weights (rewritten cast) and exported copies
+    anywhere; a module folder's own weights (2_Dense/, a learned magnitude head) are copied as they are."""
+    exported = shutil.ignore_patterns("onnx", "openvino")
+    at_root = shutil.ignore_patterns("model.safetensors", "*.bin")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skipped = set(exported(folder, names))
+        return skipped | set(at_root(folder, names)) if Path(folder) == root else skipped
+    return ignore
+
+
 def copy_weights_folder(src: str | Path, dst: str | Path, dtype_name: str) -> None:
     """Copy a model folder (HF / sentence-transformers), its model.safetensors cast to `dtype_name`:
     float16 halves what a transfer or a repository must hold, float32 restores trainable weights (each
@@ -199,7 +211,7 @@ def copy_weights_folder(src: str | Path, dst: str | Path, dtype_name: str) -> No
     dtype = getattr(torch, dtype_name)
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("model.safetensors", "*.bin", "onnx", "openvino"))
+    shutil.copytree(src, tmp, ignore=_weights_copy_ignore(src))
     weights = load_file(src / "model.safetensors")
     save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()},
               tmp / "model.safetensors", metadata={"format": "pt"})

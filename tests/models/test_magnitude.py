@@ -9,6 +9,7 @@ import pytest
 import torch
 from builders import make_tiny_bert, toy_rows, write_toy_eval
 
+from magclip.io import copy_weights_folder
 from magclip.models.magnitude import LearnedMagnitude, inverse_softplus, magnitude_head
 from magclip.models.text import BiEncoder, mean_pool, pool, sqrt_len_pool
 
@@ -108,6 +109,14 @@ def test_a_learned_magnitude_model_saves_and_loads_in_sentence_transformers_and_
         st.SentenceTransformer(str(saved), device="cpu")
     theirs = st.SentenceTransformer(str(saved), device="cpu", trust_remote_code=True)
     assert torch.allclose(theirs.encode(TEXTS, convert_to_tensor=True).cpu(), ours, atol=1e-5)
+    # kept as the committed models are (float16 records, restored in float32): the head's own weights go along
+    copy_weights_folder(saved, tmp_path / "half", "float16")
+    copy_weights_folder(tmp_path / "half", tmp_path / "restored", "float32")
+    head = "2_LearnedMagnitude/model.safetensors"
+    assert (tmp_path / "restored" / head).read_bytes() == (saved / head).read_bytes()
+    restored = BiEncoder.from_pretrained(tmp_path / "restored")
+    assert torch.equal(restored.query_head[0].norm_head.weight, m.query_head[0].norm_head.weight)
+    assert torch.allclose(restored.encode(TEXTS, "passage"), ours, rtol=1e-2, atol=1e-3)
 
 
 def test_a_mean_sqrt_len_model_saves_and_loads_in_sentence_transformers_and_magclip(tiny_bert, tmp_path):
