@@ -10,6 +10,8 @@ Each side is an evaluation output (`results.json` of eval/beir.py, eval/rag.py, 
 training run) with its per-query file beside it (`<stem>.queries.npz`). Keys pair by name, or by
 prefix (`scifact.modes.cosine.` on one side for `scifact.` on the other, `zero_shot.` for `metrics.`),
 and only where both sides were evaluated on the same queries (the digest each value array carries).
+An STS evaluation keeps per-pair scores, not per-query means: its Spearman is paired instead, bootstrapped
+over pairs (`paired_correlation`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from magclip.evaluation.suite import suite_outcomes
 from magclip.experiments import stats
 from magclip.experiments.report import format_p, interval, signed
 from magclip.metrics.ranks import DIGEST_MARK, load_query_values, queries_path
+from magclip.metrics.sts import correlations
 
 HIGHER, LOWER = "row higher", "row lower"
+STS_PARTS = ("pred_ab", "pred_ba", "gold")   # what an STS evaluation keeps per pair (evaluation.text.evaluate_sts)
 
 
 @dataclass
@@ -78,13 +82,47 @@ def compare_outputs(base_path: str | Path, row_path: str | Path, base_prefix: st
                          f"{row_path} (prefix {row_prefix!r}); keys there: "
                          + ", ".join(k for k in list(row)[:8] if not k.endswith(DIGEST_MARK)))
     found, skipped = [], []
+    sts = {bk[:-len(STS_PARTS[0])]: rk[:-len(STS_PARTS[0])] for bk, rk in pairs
+           if _has_sts_parts(base, bk) and _has_sts_parts(row, rk)}
+    for bk, rk in sts.items():
+        paired = paired_correlation(bk, rk, base, row, n_resamples)
+        (found if isinstance(paired, PairedMetric) else skipped).append(paired)
     for bk, rk in pairs:
+        if any(bk == prefix + part for prefix in sts for part in STS_PARTS):
+            continue  # per-pair scores, not per-query means: paired above as their correlation
         b, r = np.asarray(base[bk], dtype=np.float64), np.asarray(row[rk], dtype=np.float64)
         if b.shape != r.shape or base.get(bk + DIGEST_MARK) != row.get(rk + DIGEST_MARK):
             skipped.append(f"{bk} / {rk}: evaluated on different queries ({len(b)} vs {len(r)}, or another digest)")
             continue
         found.append(paired_metric(bk, rk, b, r, n_resamples))
     return found, skipped
+
+
+def _has_sts_parts(values: dict[str, object], key: str) -> bool:
+    """`key` is an STS evaluation's `<prefix>pred_ab` with its `pred_ba` and `gold` beside it."""
+    return key.endswith(STS_PARTS[0]) and all(key[:-len(STS_PARTS[0])] + part in values for part in STS_PARTS)
+
+
+def paired_correlation(base_prefix: str, row_prefix: str, base: dict[str, object], row: dict[str, object],
+                       n_resamples: int = stats.N_RESAMPLES) -> PairedMetric | str:
+    """ROW − BASE Spearman of an STS evaluation's pair scores (the mean of both directions, as
+    metrics.sts reports `spearman`) with the gold scores, bootstrapped over pairs
+    (stats.correlation_item_stats); a line saying why not where the two were scored on other pairs."""
+    (b_ab, b_ba, gold), (r_ab, r_ba, r_gold) = ([np.asarray(v[p + part], dtype=np.float64) for part in STS_PARTS]
+                                                for v, p in ((base, base_prefix), (row, row_prefix)))
+    key, other = base_prefix + "spearman", row_prefix + "spearman"
+    same_pairs = all(base.get(base_prefix + part + DIGEST_MARK) == row.get(row_prefix + part + DIGEST_MARK)
+                     for part in STS_PARTS)
+    if b_ab.shape != r_ab.shape or not same_pairs or not np.array_equal(gold, r_gold):
+        return f"{key} / {other}: scored on other pairs or against other gold scores"
+    b_pred, r_pred = (b_ab + b_ba) / 2, (r_ab + r_ba) / 2
+    found = stats.correlation_item_stats(gold, b_pred[None], r_pred[None], "spearman", n_resamples=n_resamples)
+    b_corr, r_corr = (correlations(pred, gold)["spearman"] for pred in (b_pred, r_pred))
+    diff = r_corr - b_corr
+    decided = found.p < 1 - stats.CONFIDENCE and (found.low > 0 or found.high < 0)
+    verdict = (HIGHER if found.low > 0 else LOWER) if decided else stats.NO_DIFFERENCE
+    return PairedMetric(key, other, found.n_items, b_corr, r_corr, diff, found.low, found.high, found.p,
+                        stats.mde_normal(found.se), verdict)
 
 
 def compare_suites(base: str | Path, row: str | Path,
@@ -137,5 +175,4 @@ def as_records(found: list[PairedMetric]) -> list[dict[str, object]]:
 
 
 __all__ = ["HIGHER", "LOWER", "PairedMetric", "as_records", "compare_outputs", "compare_suites", "key_pairs",
-           "markdown_table",
-           "paired_metric", "per_query_values"]
+           "markdown_table", "paired_correlation", "paired_metric", "per_query_values"]

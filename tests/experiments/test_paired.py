@@ -80,3 +80,31 @@ def test_the_command_prints_the_table_and_writes_the_records(outputs, tmp_path, 
     assert "| scifact.modes.cosine.ndcg@10 | scifact.ndcg@10 | 300 |" in printed and HIGHER in printed
     record = json.loads(out.read_text())
     assert record["paired"][0]["verdict"] == HIGHER and record["not_paired"] == []
+
+
+def test_sts_pair_scores_are_paired_as_their_spearman_never_as_means(tmp_path):
+    """An STS output keeps per-pair scores (pred_ab, pred_ba) and the gold: the paired number is the
+    Spearman difference the evaluations report, and a rescaled copy of the scores (dot's scale against
+    cosine's) is no difference at all, however far apart their means."""
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(1)
+    gold = rng.uniform(0, 5, 400)
+    good = gold + rng.normal(0, 1.0, 400)
+    worse = gold + rng.normal(0, 3.0, 400)
+    def sts(name, pred):
+        return output(tmp_path, name, {"metrics.stsb/pred_ab": pred, "metrics.stsb/pred_ba": pred,
+                                       "metrics.stsb/gold": gold})
+    base, row, scaled = sts("worse", worse), sts("good", good), sts("good_x40", 40 * good + 7)
+    found, skipped = compare_outputs(base, row)
+    assert [m.base_key for m in found] == ["metrics.stsb/spearman"] and not skipped
+    (m,) = found
+    assert m.diff == pytest.approx(spearmanr(good, gold).statistic - spearmanr(worse, gold).statistic)
+    assert m.verdict == HIGHER and m.low > 0 and m.n_queries == 400
+    (same,), _ = compare_outputs(row, scaled)
+    assert same.diff == pytest.approx(0) and same.verdict == stats.NO_DIFFERENCE
+    other = output(tmp_path, "other_gold", {"metrics.stsb/pred_ab": good, "metrics.stsb/pred_ba": good,
+                                            "metrics.stsb/gold": gold[::-1].copy()})
+    found, skipped = compare_outputs(base, other)
+    assert not found and skipped == ["metrics.stsb/spearman / metrics.stsb/spearman: scored on other pairs or "
+                                     "against other gold scores"]
