@@ -15,7 +15,10 @@ mode, with the prediction at p_non = 0.55, p_rel = 0.2 (magclip/experiments/leng
 The form tables are the length-mixing control's (`--cache` is shared with eval/length_mix.py: each model
 encodes each corpus once). `--sqrt-len NAME` adds the model NAME under sum/√n pooling (NAME@sqrt_len), computed
 exactly from its mean-pooled tables; every model besides zero_shot, cosine and dot gets the contrasts
-"NAME dot − cosine (cosine-trained)" and "NAME as cosine − cosine (cosine-trained)".
+"NAME dot − cosine (cosine-trained)", "NAME as cosine − cosine (cosine-trained)" and "NAME dot − dot
+(mean-pooled, dot-trained)". The report ends with what every model's document norm carries
+(magclip/experiments/norm_signal.py: its correlation with length, Cohen's d of relevant vs other documents,
+and that d at equal length).
 """
 
 from __future__ import annotations
@@ -28,6 +31,24 @@ from pathlib import Path
 from magclip.cli import as_command, check_paths
 
 BASE_MODELS = ("zero_shot", "cosine", "dot")
+
+
+NORMS_HEADING = ("\n#### What the document norm carries (full records; relevant: judged by some test query; "
+                 "95 % bootstrap intervals over documents)\n\n")
+
+
+def norm_signals(folders, tables) -> dict:
+    """{set: {model: experiments.norm_signal.norm_signal}} for every set and model with tables."""
+    from magclip.data.beir import load_beir
+    from magclip.data.length_mix import relevant_ids
+    from magclip.experiments.norm_signal import norm_signal
+
+    out = {}
+    for folder in folders:
+        name = Path(folder).name
+        relevant = relevant_ids(load_beir(folder, "test").qrels)
+        out[name] = {model: norm_signal(by_set[name], relevant) for model, by_set in tables.items() if name in by_set}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         run_surface,
         sqrt_len_tables,
     )
+    from magclip.experiments.norm_signal import markdown_table as norm_table
     from magclip.io import atomic_write_json, atomic_write_text
 
     models = [ModelSpec.parse(m) for m in args.model]
@@ -82,12 +104,16 @@ def main(argv: list[str] | None = None) -> None:
             contrasts[f"{name}:directions"] = ((name, "cosine"), ("cosine", "cosine"))
             labels[f"{name}:dot_minus_cosine"] = f"{name}, dot − cosine (cosine-trained)"
             labels[f"{name}:directions"] = f"{name} as cosine − cosine-trained (control)"
+            if "dot" in tables:
+                contrasts[f"{name}:minus_mean_dot"] = ((name, "dot"), ("dot", "dot"))
+                labels[f"{name}:minus_mean_dot"] = f"{name}, dot − dot (mean-pooled, dot-trained)"
     analysis, records = run_surface(args.data, tables, seeds=args.seeds, contrasts=contrasts, cache=args.cache,
                                     n_resamples=args.resamples)
     analysis["models"] = {m.name: m.path for m in models}
     analysis["sqrt_len"] = list(args.sqrt_len)
     analysis["labels"] = labels
-    report = markdown_report(analysis, labels)
+    analysis["norms"] = norm_signals(args.data, tables)
+    report = markdown_report(analysis, labels) + NORMS_HEADING + norm_table(analysis["norms"])
     print(report)
     if args.out:
         atomic_write_json(args.out, analysis)
@@ -97,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         atomic_write_text(args.report, report)
     if args.figure:
-        shown = ["dot_minus_cosine", "directions", *[f"{n}@sqrt_len:dot_minus_cosine" for n in args.sqrt_len]]
+        shown = ["dot_minus_cosine", "directions", *[f"{n}:dot_minus_cosine" for n in tables if n not in BASE_MODELS]]
         plot_surface(analysis, args.figure, shown, labels)
 
 

@@ -1,0 +1,80 @@
+"""What a model's document norm carries: length, relevance, or relevance at equal length.
+
+Under dot a document's norm multiplies every score it gets, so whatever the norm tracks becomes a prior
+on the ranking. Mean pooling ties it to length by construction (diagnostics/pooling_norm.py); a pooling
+that frees the norm (sum/√n, a learned magnitude) lets the loss put something else there. This asks what,
+per model and BEIR set, on the full records of the form tables (the vectors the length × relevance surface
+ranks), with "relevant" meaning judged relevant by some test query (the surface's classes):
+
+- `rho_length`: Spearman ρ(‖d‖, tokens the encoder saw), a percentile bootstrap over documents;
+- `d_relevant`: Cohen's d of the norms of relevant vs the other documents (diagnostics.magnitude
+  `bootstrap_cohens_d`, each class resampled on its own): > 0, relevant documents get larger norms;
+- `length_r2`: the share of log‖d‖'s variance a least-squares line on log n explains (experiments.length_mix
+  `residual_log_norm`: fitted over the corpus, no judgement used);
+- `d_residual`: Cohen's d of that line's residuals, relevant vs other: relevance at equal length, so a d
+  that is only length falls to 0 here (quantile bins of length would leave the length inside each bin);
+- `lengths`: the median tokens of each class, so a d can be read against how length and relevance
+  go together in the corpus itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from magclip.diagnostics.length import length_correlation
+from magclip.diagnostics.magnitude import bootstrap_cohens_d
+from magclip.experiments.length_mix import FormTables, residual_log_norm
+
+
+def _interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    valid = values[np.isfinite(values)]
+    if not valid.size:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(valid, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def _d(boot: dict[str, Any]) -> dict[str, float]:
+    return {"value": boot["d"], "low": boot["ci_low"], "high": boot["ci_high"]}
+
+
+def norm_signal(tables: FormTables, relevant: set[str], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The measures of the module docstring for one model's tables of one set."""
+    norms = tables.full.double().norm(dim=1).numpy()
+    seen = np.minimum(tables.full_tokens, tables.max_length).astype(float)
+    is_rel = np.array([d in relevant for d in tables.doc_ids])
+    rel, non = np.flatnonzero(is_rel), np.flatnonzero(~is_rel)
+    rng = np.random.default_rng(seed)
+    rho_reps = np.empty(n_boot)
+    for b in range(n_boot):
+        docs = rng.integers(0, norms.size, norms.size)
+        rho_reps[b] = length_correlation(norms[docs], seen[docs])["spearman"]
+    residual, fit = residual_log_norm(norms, seen, tables.max_length)
+    plain = bootstrap_cohens_d(norms[rel], norms[non], n_boot=n_boot, seed=seed)
+    at_equal_length = bootstrap_cohens_d(residual[rel], residual[non], n_boot=n_boot, seed=seed)
+    return {"docs": int(norms.size), "relevant": int(rel.size),
+            "norm_median": float(np.median(norms)),
+            "rho_length": {"value": length_correlation(norms, seen)["spearman"],
+                           **dict(zip(("low", "high"), _interval(rho_reps)))},
+            "length_r2": fit["r2"], "length_slope": fit["slope"],
+            "d_relevant": _d(plain), "d_residual": _d(at_equal_length),
+            "lengths": {"relevant_median": float(np.median(seen[rel])) if rel.size else float("nan"),
+                        "other_median": float(np.median(seen[non])) if non.size else float("nan")}}
+
+
+def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """{set: {model: norm_signal}} as one table (95 % bootstrap intervals)."""
+    def cell(x: Mapping[str, float]) -> str:
+        return f"{x['value']:+.2f} [{x['low']:+.2f}, {x['high']:+.2f}]"
+
+    lines = ["| set | model | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
+             "d at equal length (log-log residual) | median tokens, relevant / other |", "|---|---|---|---|---|---|---|"]
+    for set_name, by_model in signals.items():
+        for model, s in by_model.items():
+            lines.append(f"| {set_name} | {model} | {cell(s['rho_length'])} | {s['length_r2']:.2f} | "
+                         f"{cell(s['d_relevant'])} | {cell(s['d_residual'])} | {s['lengths']['relevant_median']:.0f} / "
+                         f"{s['lengths']['other_median']:.0f} |")
+    return "\n".join(lines) + "\n"
