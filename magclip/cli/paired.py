@@ -11,7 +11,7 @@ recall, MRR, MAP per query; answer recall per question). Keys pair by name, or w
 --base-prefix replaced by --row-prefix; keys evaluated on other queries are listed, not paired.
 One run per side measures the evaluation set's noise only: a decided difference is about these two
 models on these queries; a claim about settings needs seeds (eval/compare.py). Values in the table
-×100; --out writes the raw records.
+×100; --out writes the raw records (a list, and `by_key`: the same by the row's key, for a results page).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         atomic_write_json(args.out, {"base": args.base, "row": args.row, "base_prefix": args.base_prefix,
                                      "row_prefix": args.row_prefix, "paired": as_records(found),
+                                     "by_key": {r["row_key"]: r for r in as_records(found)},
                                      "not_paired": skipped})
         print(f"paired records: {args.out}")
 

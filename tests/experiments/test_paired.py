@@ -80,6 +80,8 @@ def test_the_command_prints_the_table_and_writes_the_records(outputs, tmp_path, 
     assert "| scifact.modes.cosine.ndcg@10 | scifact.ndcg@10 | 300 |" in printed and HIGHER in printed
     record = json.loads(out.read_text())
     assert record["paired"][0]["verdict"] == HIGHER and record["not_paired"] == []
+    from magclip.experiments.collect import lookup   # what a results page's {{num}} reads
+    assert lookup(record, "by_key.scifact.ndcg@10.diff") == record["paired"][0]["diff"]
 
 
 def test_sts_pair_scores_are_paired_as_their_spearman_never_as_means(tmp_path):
