@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records")
     parser.add_argument("--report")
     parser.add_argument("--figure")
+    parser.add_argument("--figure-predictions", help="each model's dot − cosine at p_non = 0.55, p_rel = 0.2, per set")
     args = parser.parse_args(argv)
     check_paths(args, "data")
     if len(args.seeds) < 2:
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     from magclip.experiments.length_relevance import (
         CONTRASTS,
         markdown_report,
+        plot_predictions,
         plot_surface,
         run_surface,
         sqrt_len_tables,
@@ -122,9 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_text(args.records, json.dumps(records, separators=(",", ":")) + "\n")
     if args.report:
         atomic_write_text(args.report, report)
+    costs = ["dot_minus_cosine", *[f"{n}:dot_minus_cosine" for n in tables if n not in BASE_MODELS]]
     if args.figure:
-        shown = ["dot_minus_cosine", "directions", *[f"{n}:dot_minus_cosine" for n in tables if n not in BASE_MODELS]]
-        plot_surface(analysis, args.figure, shown, labels)
+        plot_surface(analysis, args.figure, [costs[0], "directions", *costs[1:]], labels)
+    if args.figure_predictions:
+        plot_predictions(analysis, args.figure_predictions, [*costs, "directions"], labels)
 
 
 console = as_command(main)

@@ -277,3 +277,35 @@ def plot_surface(analysis: Mapping[str, Any], path: str | Path, contrasts: Seque
     axes[0][-1].legend(fontsize=6.5, loc="best")
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def plot_predictions(analysis: Mapping[str, Any], path: str | Path, contrasts: Sequence[str],
+                     labels: Mapping[str, str] | None = None) -> Path:
+    """One group per set, one marker per contrast: its prediction at TARGET (filled, bar: 95 % query
+    interval) beside the corpus as it is (hollow): how each pooling's cost under mixing compares."""
+    import matplotlib.pyplot as plt
+
+    from magclip.diagnostics.plots import save_figure
+
+    labels = dict(labels or {})
+    sets = list(analysis["sets"])
+    fig, ax = plt.subplots(figsize=(1.9 * len(sets) + 2.5, 3.4))
+    width = 0.8 / max(len(contrasts), 1)
+    for k, contrast in enumerate(contrasts):
+        for j, name in enumerate(sets):
+            c = analysis["sets"][name]["contrasts"].get(contrast)
+            if c is None:
+                continue
+            x = j - 0.4 + width * (k + 0.5)
+            pred, unmixed = c["prediction"], c["cells"][cell_label(0, 0)]
+            ax.errorbar([x], [100 * pred["diff"]], yerr=[[100 * (pred["diff"] - pred["item_low"])],
+                                                        [100 * (pred["item_high"] - pred["diff"])]],
+                        fmt="o", color=f"C{k}", capsize=2, label=labels.get(contrast, contrast) if j == 0 else None)
+            ax.plot([x], [100 * unmixed["diff"]], marker="o", mfc="none", color=f"C{k}", ls="none")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(range(len(sets)), sets)
+    ax.set_ylabel(f"Δ nDCG@10 ×100 at p_non = {TARGET[0]}, p_rel = {TARGET[1]}\n(hollow: the corpus as it is)",
+                  fontsize=8)
+    ax.legend(fontsize=6.5, loc="best")
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -67,8 +67,10 @@ def norm_signal(tables: FormTables, relevant: set[str], *, n_boot: int = 1000, s
 
 def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """{set: {model: norm_signal}} as one table (95 % bootstrap intervals)."""
+    from magclip.experiments.report import interval, signed
+
     def cell(x: Mapping[str, float]) -> str:
-        return f"{x['value']:+.2f} [{x['low']:+.2f}, {x['high']:+.2f}]"
+        return f"{signed(x['value'], 1, 2)} {interval(x['low'], x['high'], 1, 2)}"
 
     lines = ["| set | model | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
              "d at equal length (log-log residual) | median tokens, relevant / other |", "|---|---|---|---|---|---|---|"]

@@ -96,3 +96,33 @@ def test_short_non_relevant_records_with_large_norms_hurt_dot_and_relevant_ones_
     assert pred["item_low"] <= pred["diff"] <= pred["item_high"] and sum(pred["corners"].values()) == pytest.approx(1)
     assert entry["relevant"] == 12 and entry["non_relevant"] == 84
     assert len(records["sets"]["planted"]["ndcg@10"]["m"]["dot"]["0.5,0"]) == 3
+
+
+def test_the_command_scores_added_models_against_both_baselines_and_says_what_their_norms_carry(tmp_path):
+    """eval/length_relevance.py end to end on tiny encoders: an added model gets dot − cosine (cosine-trained),
+    its control and dot − dot (mean-pooled); the report ends with the norm table, and both figures are drawn."""
+    from magclip.cli.length_relevance import main
+    from magclip.models.text import BiEncoder
+
+    rng = np.random.default_rng(1)
+    docs = {f"d{i}": {"title": " ".join(rng.choice(WORDS, 2)), "text": " ".join(rng.choice(WORDS, 6 + 3 * i)) + ". "
+                      + " ".join(rng.choice(WORDS, 5)) + "."} for i in range(24)}
+    queries = {f"q{i}": " ".join(rng.choice(WORDS, 4)) for i in range(6)}
+    folder = write_folder(tmp_path / "toy", docs, queries, "".join(f"q{i}\td{3 * i}\t1\n" for i in range(6)))
+    bert = make_tiny_bert(tmp_path / "bert")
+    sqrt = BiEncoder.from_pretrained(str(bert), pooling="mean_sqrt_len").save_pretrained(tmp_path / "sqrt")
+    out, report = tmp_path / "surface.json", tmp_path / "surface.md"
+    main(["--data", str(folder), "--cache", str(tmp_path / "cache"), "--model", f"cosine={bert}",
+          "--model", f"dot={bert}", "--model", f"sqrt={sqrt}", "--resamples", "50", "--out", str(out),
+          "--query-max-length", "16", "--passage-max-length", "48",
+          "--report", str(report), "--figure", str(tmp_path / "s.png"), "--figure-predictions", str(tmp_path / "p.png")])
+    analysis = json.loads(out.read_text())
+    contrasts = analysis["sets"]["toy"]["contrasts"]
+    assert {"sqrt:dot_minus_cosine", "sqrt:directions", "sqrt:minus_mean_dot"} <= set(contrasts)
+    assert contrasts["sqrt:directions"]["cells"]["0,0"]["diff"] == pytest.approx(0.0, abs=1e-6)  # mean's direction
+    norms = analysis["norms"]["toy"]
+    assert set(norms) == {"cosine", "dot", "sqrt"} and norms["sqrt"]["relevant"] == 6
+    assert norms["sqrt"]["rho_length"]["value"] > norms["cosine"]["rho_length"]["value"]
+    text = report.read_text()
+    assert "What the document norm carries" in text and "| toy | sqrt |" in text
+    assert (tmp_path / "s.png").stat().st_size > 0 and (tmp_path / "p.png").stat().st_size > 0
