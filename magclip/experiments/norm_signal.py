@@ -72,8 +72,9 @@ def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> st
     def cell(x: Mapping[str, float]) -> str:
         return f"{signed(x['value'], 1, 2)} {interval(x['low'], x['high'], 1, 2)}"
 
-    lines = ["| set | model | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
-             "d at equal length (log-log residual) | median tokens, relevant / other |", "|---|---|---|---|---|---|---|"]
+    header = ("| set | model | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
+              "d at equal length (log-log residual) | median tokens, relevant / other |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
     for set_name, by_model in signals.items():
         for model, s in by_model.items():
             lines.append(f"| {set_name} | {model} | {cell(s['rho_length'])} | {s['length_r2']:.2f} | "
