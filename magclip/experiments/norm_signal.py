@@ -13,6 +13,7 @@ ranks), with "relevant" meaning judged relevant by some test query (the surface'
   `residual_log_norm`: fitted over the corpus, no judgement used);
 - `d_residual`: Cohen's d of that line's residuals, relevant vs other: relevance at equal length, so a d
   that is only length falls to 0 here (quantile bins of length would leave the length inside each bin);
+- `norm_cv`: how much the norm varies at all (sd / mean over documents; 0: dot ranks as cosine);
 - `lengths`: the median tokens of each class, so a d can be read against how length and relevance
   go together in the corpus itself.
 """
@@ -56,7 +57,7 @@ def norm_signal(tables: FormTables, relevant: set[str], *, n_boot: int = 1000, s
     plain = bootstrap_cohens_d(norms[rel], norms[non], n_boot=n_boot, seed=seed)
     at_equal_length = bootstrap_cohens_d(residual[rel], residual[non], n_boot=n_boot, seed=seed)
     return {"docs": int(norms.size), "relevant": int(rel.size),
-            "norm_median": float(np.median(norms)),
+            "norm_median": float(np.median(norms)), "norm_cv": float(norms.std() / norms.mean()),
             "rho_length": {"value": length_correlation(norms, seen)["spearman"],
                            **dict(zip(("low", "high"), _interval(rho_reps)))},
             "length_r2": fit["r2"], "length_slope": fit["slope"],
@@ -72,12 +73,12 @@ def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> st
     def cell(x: Mapping[str, float]) -> str:
         return f"{signed(x['value'], 1, 2)} {interval(x['low'], x['high'], 1, 2)}"
 
-    header = ("| set | model | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
+    header = ("| set | model | sd / mean of ‖d‖ | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
               "d at equal length (log-log residual) | median tokens, relevant / other |")
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for set_name, by_model in signals.items():
         for model, s in by_model.items():
-            lines.append(f"| {set_name} | {model} | {cell(s['rho_length'])} | {s['length_r2']:.2f} | "
+            lines.append(f"| {set_name} | {model} | {s['norm_cv']:.3f} | {cell(s['rho_length'])} | {s['length_r2']:.2f} | "
                          f"{cell(s['d_relevant'])} | {cell(s['d_residual'])} | {s['lengths']['relevant_median']:.0f} / "
                          f"{s['lengths']['other_median']:.0f} |")
     return "\n".join(lines) + "\n"

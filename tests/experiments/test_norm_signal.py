@@ -43,5 +43,7 @@ def test_a_norm_that_tracks_relevance_keeps_its_d_at_equal_length():
     s = norm_signal(tables, relevant, n_boot=200)
     assert s["d_residual"]["low"] > 1.0 and s["d_relevant"]["low"] > 1.0
     assert s["rho_length"]["low"] > 0          # relevant documents are longer, so the norm follows length a little
+    norms = tables.full.double().norm(dim=1).numpy()
+    assert s["norm_cv"] == norms.std() / norms.mean() and 0.05 < s["norm_cv"] < 0.2
     table = markdown_table({"toy": {"planted": s}})
-    assert "| toy | planted |" in table and table.count("\n") == 3 and table.count("|---") == 7
+    assert "| toy | planted |" in table and table.count("\n") == 3 and table.count("|---") == 8
