@@ -3,12 +3,14 @@ documents, p_non ∈ {0.25, 0.5, 0.75} × p_rel ∈ {0, p_non/2, p_non}, scored 
 mode, with the prediction at p_non = 0.55, p_rel = 0.2 (magclip/experiments/length_relevance.py).
 
     python tools/keep_grid_records.py --grid configs/compare/text_squad_long.yaml --restore docs/data/text_squad_long
+    python tools/keep_grid_records.py --grid configs/compare/text_squad_pooling.yaml --restore docs/data/text_squad_pooling
     python eval/length_relevance.py --data ../shared/data/text/{scifact,cranfield,med,xquad_en} \
         --cache .cache/length_mix/tables \
-        --model zero_shot=minilm \
         --model cosine=runs/compare/text_squad_long/models/loss=cosine,seed=0 \
         --model dot=runs/compare/text_squad_long/models/loss=dot,seed=0 \
-        --sqrt-len dot \
+        --model learned=runs/compare/text_squad_pooling/models/pooling=learned,seed=0 \
+        --model sqrt_len=runs/compare/text_squad_pooling/models/pooling=mean_sqrt_len,seed=0 \
+        --sqrt-len dot --resamples 2000 \
         --out docs/results_text_length_relevance.json --records docs/data/text_length_relevance/per_query.json \
         --report docs/results_text_length_relevance.md --figure docs/text_length_relevance.png
 
