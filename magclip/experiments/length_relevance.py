@@ -186,11 +186,17 @@ def run_surface(folders: Sequence[str | Path], tables: Mapping[str, Mapping[str,
         if not have:
             continue
         scorer = VariantScorer(folder, "test", have)
+        counts = relevant_share(scorer)
+        if not counts["relevant"] or not counts["non_relevant"]:
+            why = (f"{counts['relevant']} relevant and {counts['non_relevant']} other documents: with one class "
+                   "empty, p_non and p_rel cannot both act (no length × relevance surface)")
+            log.warning("%s: left out: %s", name, why)
+            analysis.setdefault("left_out", {})[name] = why
+            continue
         ndcg = {}
         for model in have:
             log.info("length x relevance: %s on %s", model, name)
             ndcg[model] = score_set(scorer, model, grid, seeds, cache)
-        counts = relevant_share(scorer)
         analysis["sets"][name] = {"queries": len(scorer.data.qrels), "docs": len(scorer.doc_ids), **counts,
                                   "target_overall_share": overall_share(*TARGET, counts),
                                   "means": {m: {mode: {c: float(np.mean(v)) for c, v in by.items()}
@@ -231,6 +237,8 @@ def markdown_report(analysis: Mapping[str, Any], labels: Mapping[str, str] | Non
         lines.append("")
     from magclip.experiments.report import signed
 
+    lines += [f"Left out: {name}: {why}." for name, why in analysis.get("left_out", {}).items()]
+    lines += [""] if analysis.get("left_out") else []
     lines += [(f"#### Predictions at p_non = {TARGET[0]}, p_rel = {TARGET[1]} (bilinear in p_non and p_rel/p_non; "
                "beside it a least-squares plane over every cell)"), "",
               "| set | share of all records short | contrast | prediction ×100 [queries; seeds] | plane |",

@@ -66,11 +66,17 @@ def norm_signal(tables: FormTables, relevant: set[str], *, n_boot: int = 1000, s
                         "other_median": float(np.median(seen[non])) if non.size else float("nan")}}
 
 
+def _tokens(median: float) -> str:
+    return f"{median:.0f}" if np.isfinite(median) else "—"
+
+
 def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """{set: {model: norm_signal}} as one table (95 % bootstrap intervals)."""
     from magclip.experiments.report import interval, signed
 
     def cell(x: Mapping[str, float]) -> str:
+        if not np.isfinite(x["value"]):
+            return "—"
         return f"{signed(x['value'], 1, 2)} {interval(x['low'], x['high'], 1, 2)}"
 
     header = ("| set | model | sd / mean of ‖d‖ | ρ(‖d‖, tokens) | R² of log‖d‖ on log n | d: relevant − other | "
@@ -79,6 +85,6 @@ def markdown_table(signals: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> st
     for set_name, by_model in signals.items():
         for model, s in by_model.items():
             lines.append(f"| {set_name} | {model} | {s['norm_cv']:.3f} | {cell(s['rho_length'])} | {s['length_r2']:.2f} | "
-                         f"{cell(s['d_relevant'])} | {cell(s['d_residual'])} | {s['lengths']['relevant_median']:.0f} / "
-                         f"{s['lengths']['other_median']:.0f} |")
+                         f"{cell(s['d_relevant'])} | {cell(s['d_residual'])} | {_tokens(s['lengths']['relevant_median'])} / "
+                         f"{_tokens(s['lengths']['other_median'])} |")
     return "\n".join(lines) + "\n"

@@ -126,3 +126,20 @@ def test_the_command_scores_added_models_against_both_baselines_and_says_what_th
     text = report.read_text()
     assert "What the document norm carries" in text and "| toy | sqrt |" in text
     assert (tmp_path / "s.png").stat().st_size > 0 and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_set_whose_documents_are_all_relevant_has_no_surface_and_says_so(tmp_path):
+    """xquad_en's contexts are each some question's gold passage: p_non has nothing to shorten there, so
+    the set is left out with its counts, not reported as a surface that only p_rel moves."""
+    from magclip.experiments.length_relevance import markdown_report
+
+    docs = {f"d{i}": {"title": f"t{i}", "text": "long text. more text here."} for i in range(4)}
+    folder = write_folder(tmp_path / "all_relevant", docs, {f"q{i}": f"query {i}" for i in range(4)},
+                          "".join(f"q{i}\td{i}\t1\n" for i in range(4)))
+    full = torch.nn.functional.normalize(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    t = FormTables(list(docs), full, 2 * full, np.full(4, 20), np.full(4, 3), 64,
+                   {"test": {"ids": [f"q{i}" for i in range(4)], "vecs": full.clone(), "tokens": np.full(4, 3)}})
+    analysis, records = run_surface([folder], {"m": {"all_relevant": t}}, seeds=[0, 1], n_resamples=50)
+    assert analysis["sets"] == {} and records["sets"] == {}
+    assert analysis["left_out"]["all_relevant"].startswith("4 relevant and 0 other documents")
+    assert "Left out: all_relevant: 4 relevant and 0 other documents" in markdown_report(analysis)
