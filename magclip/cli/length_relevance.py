@@ -35,11 +35,11 @@ from magclip.cli import as_command, check_paths
 BASE_MODELS = ("zero_shot", "cosine", "dot")
 
 
-NORMS_HEADING = ("\n#### What the document norm carries (full records; relevant: judged by some test query; "
-                 "95 % bootstrap intervals over documents)\n\n")
+NORMS_HEADING = ("\n#### What the document norm carries (every full record and its short form: the texts the "
+                 "surface ranks; relevant: judged by some test query; 95 % bootstrap intervals over documents)\n\n")
 
 
-def norm_signals(folders, tables) -> dict:
+def norm_signals(folders, tables, forms: str = "both") -> dict:
     """{set: {model: experiments.norm_signal.norm_signal}} for every set and model with tables."""
     from magclip.data.beir import load_beir
     from magclip.data.length_mix import relevant_ids
@@ -49,7 +49,8 @@ def norm_signals(folders, tables) -> dict:
     for folder in folders:
         name = Path(folder).name
         relevant = relevant_ids(load_beir(folder, "test").qrels)
-        out[name] = {model: norm_signal(by_set[name], relevant) for model, by_set in tables.items() if name in by_set}
+        out[name] = {model: norm_signal(by_set[name], relevant, forms=forms) for model, by_set in tables.items()
+                     if name in by_set}
     return out
 
 
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     analysis["sqrt_len"] = list(args.sqrt_len)
     analysis["labels"] = labels
     analysis["norms"] = norm_signals(args.data, tables)
+    analysis["norms_full_records"] = norm_signals(args.data, tables, forms="full")
     report = markdown_report(analysis, labels) + NORMS_HEADING + norm_table(analysis["norms"])
     print(report)
     if args.out:

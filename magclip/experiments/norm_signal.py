@@ -3,10 +3,13 @@
 Under dot a document's norm multiplies every score it gets, so whatever the norm tracks becomes a prior
 on the ranking. Mean pooling ties it to length by construction (diagnostics/pooling_norm.py); a pooling
 that frees the norm (sum/√n, a learned magnitude) lets the loss put something else there. This asks what,
-per model and BEIR set, on the full records of the form tables (the vectors the length × relevance surface
-ranks), with "relevant" meaning judged relevant by some test query (the surface's classes):
+per model and BEIR set, on the texts the length × relevance surface ranks (the form tables: every full
+record and its short form, `forms="both"`; `"full"`: the records only, where most are cut at the max
+length and length hardly varies), with "relevant" meaning judged relevant by some test query (the
+surface's classes):
 
-- `rho_length`: Spearman ρ(‖d‖, tokens the encoder saw), a percentile bootstrap over documents;
+- `rho_length`: Spearman ρ(‖d‖, tokens the encoder saw), a percentile bootstrap over documents (a
+  document's forms drawn together, here and below);
 - `d_relevant`: Cohen's d of the norms of relevant vs the other documents (diagnostics.magnitude
   `bootstrap_cohens_d`, each class resampled on its own): > 0, relevant documents get larger norms;
 - `length_r2`: the share of log‖d‖'s variance a least-squares line on log n explains (experiments.length_mix
@@ -42,21 +45,48 @@ def _d(boot: dict[str, Any]) -> dict[str, float]:
     return {"value": boot["d"], "low": boot["ci_low"], "high": boot["ci_high"]}
 
 
-def norm_signal(tables: FormTables, relevant: set[str], *, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """The measures of the module docstring for one model's tables of one set."""
-    norms = tables.full.double().norm(dim=1).numpy()
-    seen = np.minimum(tables.full_tokens, tables.max_length).astype(float)
-    is_rel = np.array([d in relevant for d in tables.doc_ids])
+FORMS = ("both", "full")   # the texts the surface ranks (full records and their short forms); full records only
+
+
+def _texts(tables: FormTables, forms: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(norms, tokens seen, document index) of every text of `forms`: the full records, and with "both" each
+    short form that differs from its record too."""
+    if forms not in FORMS:
+        raise ValueError(f"forms must be one of {FORMS}, got {forms!r}")
+    n = len(tables.doc_ids)
+    norms, tokens, doc = [tables.full.double().norm(dim=1).numpy()], [tables.full_tokens], [np.arange(n)]
+    if forms == "both":
+        differ = np.flatnonzero((tables.short != tables.full).any(dim=1).numpy())
+        norms.append(tables.short[differ].double().norm(dim=1).numpy())
+        tokens.append(tables.short_tokens[differ])
+        doc.append(differ)
+    seen = np.minimum(np.concatenate(tokens), tables.max_length).astype(float)
+    return np.concatenate(norms), seen, np.concatenate(doc)
+
+
+def norm_signal(tables: FormTables, relevant: set[str], *, forms: str = "both", n_boot: int = 1000,
+                seed: int = 0) -> dict[str, Any]:
+    """The measures of the module docstring for one model's tables of one set; intervals resample documents
+    (a document's forms together)."""
+    norms, seen, doc = _texts(tables, forms)
+    doc_relevant = np.array([d in relevant for d in tables.doc_ids], dtype=bool)
+    is_rel = doc_relevant[doc]
     rel, non = np.flatnonzero(is_rel), np.flatnonzero(~is_rel)
     rng = np.random.default_rng(seed)
+    n = len(tables.doc_ids)
+    short_row = np.full(n, -1)
+    short_row[doc[n:]] = np.arange(n, doc.size)     # rows 0..n-1 are the records, then the short forms
     rho_reps = np.empty(n_boot)
     for b in range(n_boot):
-        docs = rng.integers(0, norms.size, norms.size)
-        rho_reps[b] = length_correlation(norms[docs], seen[docs])["spearman"]
+        drawn = rng.integers(0, n, n)
+        rows = np.concatenate([drawn, short_row[drawn][short_row[drawn] >= 0]])
+        rho_reps[b] = length_correlation(norms[rows], seen[rows])["spearman"]
     residual, fit = residual_log_norm(norms, seen, tables.max_length)
-    plain = bootstrap_cohens_d(norms[rel], norms[non], n_boot=n_boot, seed=seed)
-    at_equal_length = bootstrap_cohens_d(residual[rel], residual[non], n_boot=n_boot, seed=seed)
-    return {"docs": int(norms.size), "relevant": int(rel.size),
+    clusters = {"clusters_a": doc[rel], "clusters_b": doc[non]} if rel.size and non.size else {}
+    plain = bootstrap_cohens_d(norms[rel], norms[non], n_boot=n_boot, seed=seed, **clusters)
+    at_equal_length = bootstrap_cohens_d(residual[rel], residual[non], n_boot=n_boot, seed=seed, **clusters)
+    return {"forms": forms, "docs": len(tables.doc_ids), "texts": int(norms.size),
+            "relevant": int(doc_relevant.sum()),
             "norm_median": float(np.median(norms)), "norm_cv": float(norms.std() / norms.mean()),
             "rho_length": {"value": length_correlation(norms, seen)["spearman"],
                            **dict(zip(("low", "high"), _interval(rho_reps)))},
