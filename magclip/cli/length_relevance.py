@@ -12,7 +12,8 @@ mode, with the prediction at p_non = 0.55, p_rel = 0.2 (magclip/experiments/leng
         --model sqrt_len=runs/compare/text_squad_pooling/models/pooling=mean_sqrt_len,seed=0 \
         --sqrt-len dot --resamples 2000 \
         --out docs/results_text_length_relevance.json --records docs/data/text_length_relevance/per_query.json \
-        --report docs/results_text_length_relevance.md --figure docs/text_length_relevance.png
+        --report docs/results_text_length_relevance.md --figure docs/text_length_relevance.png \
+        --figure-predictions docs/text_length_relevance_predictions.png
 
 The form tables are the length-mixing control's (`--cache` is shared with eval/length_mix.py: each model
 encodes each corpus once). `--sqrt-len NAME` adds the model NAME under sum/√n pooling (NAME@sqrt_len), computed
@@ -37,21 +38,6 @@ BASE_MODELS = ("zero_shot", "cosine", "dot")
 
 NORMS_HEADING = ("\n#### What the document norm carries (every full record and its short form: the texts the "
                  "surface ranks; relevant: judged by some test query; 95 % bootstrap intervals over documents)\n\n")
-
-
-def norm_signals(folders, tables, forms: str = "both") -> dict:
-    """{set: {model: experiments.norm_signal.norm_signal}} for every set and model with tables."""
-    from magclip.data.beir import load_beir
-    from magclip.data.length_mix import relevant_ids
-    from magclip.experiments.norm_signal import norm_signal
-
-    out = {}
-    for folder in folders:
-        name = Path(folder).name
-        relevant = relevant_ids(load_beir(folder, "test").qrels)
-        out[name] = {model: norm_signal(by_set[name], relevant, forms=forms) for model, by_set in tables.items()
-                     if name in by_set}
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         sqrt_len_tables,
     )
     from magclip.experiments.norm_signal import markdown_table as norm_table
+    from magclip.experiments.norm_signal import signals_by_set
     from magclip.io import atomic_write_json, atomic_write_text
 
     models = [ModelSpec.parse(m) for m in args.model]
@@ -117,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     analysis["models"] = {m.name: m.path for m in models}
     analysis["sqrt_len"] = list(args.sqrt_len)
     analysis["labels"] = labels
-    analysis["norms"] = norm_signals(args.data, tables)
-    analysis["norms_full_records"] = norm_signals(args.data, tables, forms="full")
+    analysis["norms"] = signals_by_set(args.data, tables)
+    analysis["norms_full_records"] = signals_by_set(args.data, tables, forms="full")
     report = markdown_report(analysis, labels) + NORMS_HEADING + norm_table(analysis["norms"])
     print(report)
     if args.out:

@@ -23,7 +23,8 @@ surface's classes):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,22 @@ def norm_signal(tables: FormTables, relevant: set[str], *, forms: str = "both", 
             "d_relevant": _d(plain), "d_residual": _d(at_equal_length),
             "lengths": {"relevant_median": float(np.median(seen[rel])) if rel.size else float("nan"),
                         "other_median": float(np.median(seen[non])) if non.size else float("nan")}}
+
+
+def signals_by_set(folders: Sequence[str | Path], tables: Mapping[str, Mapping[str, FormTables]],
+                   forms: str = "both") -> dict[str, dict[str, Any]]:
+    """{set: {model: norm_signal}} for every BEIR folder and every model with tables of it (relevant: judged
+    by some test query, as on the surface)."""
+    from magclip.data.beir import load_beir
+    from magclip.data.length_mix import relevant_ids
+
+    out: dict[str, dict[str, Any]] = {}
+    for folder in folders:
+        name = Path(folder).name
+        relevant = relevant_ids(load_beir(folder, "test").qrels)
+        out[name] = {model: norm_signal(by_set[name], relevant, forms=forms) for model, by_set in tables.items()
+                     if name in by_set}
+    return out
 
 
 def _tokens(median: float) -> str:
