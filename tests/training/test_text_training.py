@@ -298,7 +298,8 @@ def test_an_evaluation_at_a_chosen_step_pairs_with_the_final_one(tmp_path):
         assert np.allclose(values[f"metrics.{key}"], array, atol=1e-6, equal_nan=True), key
 
     found, skipped = compare_outputs(run / "results.json", at_2)
-    assert not skipped and {m.base_key for m in found} >= {"metrics.toy/ndcg@10", "metrics.toy/pred_ab"}
+    assert not skipped and {m.base_key for m in found} >= {"metrics.toy/ndcg@10", "metrics.toy/spearman"}
+    assert not {m.base_key for m in found} & {"metrics.toy/pred_ab", "metrics.toy/gold"}   # per pair, not per query
     ndcg = next(m for m in found if m.base_key == "metrics.toy/ndcg@10")
     assert ndcg.n_queries == 12 and ndcg.low <= ndcg.diff <= ndcg.high and ndcg.verdict
     train_text(load_text_config(config, [*overrides, "name=fewer", "eval.max_queries=6", "train.val_at=[]"]))
