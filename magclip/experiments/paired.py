@@ -119,10 +119,8 @@ def paired_correlation(base_prefix: str, row_prefix: str, base: dict[str, object
     found = stats.correlation_item_stats(gold, b_pred[None], r_pred[None], "spearman", n_resamples=n_resamples)
     b_corr, r_corr = (correlations(pred, gold)["spearman"] for pred in (b_pred, r_pred))
     diff = r_corr - b_corr
-    decided = found.p < 1 - stats.CONFIDENCE and (found.low > 0 or found.high < 0)
-    verdict = (HIGHER if found.low > 0 else LOWER) if decided else stats.NO_DIFFERENCE
     return PairedMetric(key, other, found.n_items, b_corr, r_corr, diff, found.low, found.high, found.p,
-                        stats.mde_normal(found.se), verdict)
+                        stats.mde_normal(found.se), _verdict(found.p, found.low, found.high))
 
 
 def compare_suites(base: str | Path, row: str | Path,
@@ -151,10 +149,15 @@ def paired_metric(base_key: str, row_key: str, base: np.ndarray, row: np.ndarray
     d = (row - base)[None, :]
     boot = stats.bootstrap_ci(d, n_resamples=n_resamples)
     p = stats.permutation_pvalue(d, n_resamples=n_resamples)
-    decided = p < 1 - stats.CONFIDENCE and (boot["low"] > 0 or boot["high"] < 0)
-    verdict = (HIGHER if boot["low"] > 0 else LOWER) if decided else stats.NO_DIFFERENCE
     return PairedMetric(base_key, row_key, len(base), float(base.mean()), float(row.mean()), boot["mean"],
-                        boot["low"], boot["high"], float(p), stats.mde_normal(boot["se"]), verdict)
+                        boot["low"], boot["high"], float(p), stats.mde_normal(boot["se"]),
+                        _verdict(p, boot["low"], boot["high"]))
+
+
+def _verdict(p: float, low: float, high: float) -> str:
+    """Decided where the permutation p and the interval agree (excludes 0); else no difference detected."""
+    decided = p < 1 - stats.CONFIDENCE and (low > 0 or high < 0)
+    return (HIGHER if low > 0 else LOWER) if decided else stats.NO_DIFFERENCE
 
 
 def markdown_table(found: list[PairedMetric], scale: float = 100.0, digits: int = 2) -> str:
