@@ -117,6 +117,8 @@ def test_a_learned_magnitude_model_saves_and_loads_in_sentence_transformers_and_
     restored = BiEncoder.from_pretrained(tmp_path / "restored")
     assert torch.equal(restored.query_head[0].norm_head.weight, m.query_head[0].norm_head.weight)
     assert torch.allclose(restored.encode(TEXTS, "passage"), ours, rtol=1e-2, atol=1e-3)
+    peer = st.SentenceTransformer(str(tmp_path / "restored"), device="cpu", trust_remote_code=True)
+    assert torch.allclose(peer.encode(TEXTS, convert_to_tensor=True).cpu(), restored.encode(TEXTS, "passage"), atol=1e-5)
 
 
 def test_a_mean_sqrt_len_model_saves_and_loads_in_sentence_transformers_and_magclip(tiny_bert, tmp_path):
